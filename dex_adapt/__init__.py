@@ -1,0 +1,1 @@
+"""dex_adapt: lossless Depth Exploration Decoding (DEX) and inducing adapters."""
