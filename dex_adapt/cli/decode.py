@@ -1,0 +1,217 @@
+"""``dex-decode``: lossless depth-exploration decoding from the command line.
+
+Examples::
+
+    dex-decode --model checkpoints/dexcoder-16l --explorers 4 --prompt 'def add(a, b):' --verify
+    dex-decode --adapters checkpoints/dexcoder-16l-dex --exits 4,8,12,16 --humaneval 0,1,2 --json out.json
+    dex-decode --model tiny/ --explorers 2 --prompt-ids 1,2,3 --temperature 0.8 --top-p 0.9 --seed 7
+
+Bad input exits with status 2 and one line on stderr; a ``--verify`` mismatch exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .common import (CliError, OneLineParser, default_model_path, positive_int, quiet_libraries,
+                     run_with_clean_errors, write_json_atomic)
+
+__all__ = ["main", "build_parser"]
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="dex-decode", description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--model", help="base model directory (default: the adapters' base, else the shipped model)")
+    p.add_argument("--adapters", help="inducing-adapter checkpoint (PEFT directory); its base is the default model")
+    x = p.add_mutually_exclusive_group()
+    x.add_argument("--explorers", type=positive_int, help="N depth stages, split uniformly (default 4)")
+    x.add_argument("--exits", help="explicit exit depths, e.g. 4,8,12,16 (the last is the number of layers)")
+    p.add_argument("--width", type=positive_int, help="max branches per explorer per tick (default: unbounded)")
+    p.add_argument("--no-decs", action="store_true", help="turn off depth-coupled sampling of exit candidates")
+    p.add_argument("--policy", choices=("confidence", "fifo"), default="confidence",
+                   help="admission order after the anchor when more than --width branches wait")
+    p.add_argument("--max-branches", type=positive_int, default=256, help="expansion budget: live branches")
+    src = p.add_argument_group("prompts (one decode per prompt; repeat --prompt/--prompt-ids)")
+    src.add_argument("--prompt", action="append", default=[], help="prompt text")
+    src.add_argument("--prompts", help="JSONL file, one object per line with a 'prompt' field")
+    src.add_argument("--prompt-ids", action="append", default=[], help="comma-separated token ids")
+    src.add_argument("--humaneval", help="HumanEval task indices from the bundled set, e.g. 0,1,2")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=positive_int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--verify", action="store_true",
+                   help="also decode with plain AR (HF generate when greedy) and fail on any difference")
+    p.add_argument("--json", help="write config, per-prompt results and a summary to this file")
+    return p
+
+
+def read_prompts(args, tokenizer) -> list[tuple[object, list[int]]]:
+    """(display prompt, token ids) for every prompt given, in order."""
+    texts: list[str] = list(args.prompt)
+    if args.prompts:
+        texts += read_jsonl_prompts(args.prompts)
+    if args.humaneval:
+        from ..prompts import humaneval_prompts
+
+        tasks = humaneval_prompts()
+        for index in _int_list(args.humaneval, "--humaneval"):
+            if not 0 <= index < len(tasks):
+                raise CliError(f"--humaneval index {index} out of range 0..{len(tasks) - 1}")
+            texts.append(tasks[index]["prompt"])
+    prompts: list[tuple[object, list[int]]] = []
+    if texts and tokenizer is None:
+        raise CliError("the model directory has no tokenizer: use --prompt-ids")
+    for text in texts:
+        prompts.append((text, tokenizer.encode(text)))
+    for ids in args.prompt_ids:
+        prompts.append((None, _int_list(ids, "--prompt-ids")))
+    if not prompts:
+        raise CliError("no prompt given: use --prompt, --prompts, --prompt-ids or --humaneval")
+    return prompts
+
+
+def read_jsonl_prompts(path: str) -> list[str]:
+    if not os.path.isfile(path):
+        raise CliError(f"prompts file not found: {path}")
+    texts = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise CliError(f"{path}:{n}: not valid JSON") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+                raise CliError(f"{path}:{n}: expected an object with a string 'prompt' field")
+            texts.append(obj["prompt"])
+    return texts
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise CliError(f"{flag} must be comma-separated integers, got {text!r}") from None
+
+
+def resolve_model(args) -> str:
+    if args.model:
+        return args.model
+    if args.adapters:
+        from ..adapters import base_model_path
+
+        return base_model_path(args.adapters)
+    return str(default_model_path())
+
+
+def run(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from ..decoder import DexConfig, DexDecoder
+    from ..exploration import ExplorationSet
+    from ..model_surgery import load_causal_lm
+    from ..sampling import SamplingConfig
+    from ..verify import verify_output
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CliError("--device cuda given but no CUDA device is available")
+    if args.adapters and not os.path.isdir(args.adapters):
+        raise CliError(f"adapter checkpoint not found: {args.adapters}")
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    model_path = resolve_model(args)
+    model = load_causal_lm(model_path, getattr(torch, args.dtype), args.device)
+    adapters = None
+    if args.adapters:
+        from ..adapters import load_exit_adapters
+
+        adapters = load_exit_adapters(args.adapters, model)
+    exits = ExplorationSet.parse(args.exits, model.config.num_hidden_layers).exits if args.exits else None
+    config = DexConfig(exits=exits, explorers=args.explorers, width=args.width, decs=not args.no_decs,
+                       policy=args.policy, max_branches=args.max_branches)
+    decoder = DexDecoder(model, config, sampling, adapters=adapters)
+    tokenizer = load_tokenizer(model_path)
+    prompts = read_prompts(args, tokenizer)
+    for _, ids in prompts:
+        decoder.check_prompt(ids)
+
+    records, failures = [], []
+    for shown, ids in tqdm(prompts, desc="prompts", disable=len(prompts) < 2, file=sys.stderr):
+        output, stats = decoder.generate(ids, args.max_new_tokens)
+        verified = None
+        if args.verify:
+            mismatch = verify_output(model, ids, output, decoder.max_new_tokens_for(ids, args.max_new_tokens),
+                                     sampling, decoder.staged.eos_token_ids)
+            verified = mismatch is None
+            if mismatch:
+                failures.append(f"prompt {len(records)}: {mismatch}")
+        text = tokenizer.decode(output) if tokenizer is not None else None
+        print(text if text is not None else ",".join(map(str, output)), flush=True)
+        records.append({"prompt": shown if shown is not None else ids, "output_ids": output, "text": text,
+                        **_stat_fields(stats), "verified": verified})
+    if args.json:
+        write_json_atomic(args.json, {"config": _config_record(args, model_path, decoder),
+                                      "prompts": records, "summary": summarise(records, decoder)})
+    for line in failures:
+        print(f"dex-decode: verify failed: {line}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def load_tokenizer(model_path: str):
+    from transformers import AutoTokenizer
+
+    if not any((Path(model_path) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def _stat_fields(stats) -> dict:
+    return {k: getattr(stats, k) for k in ("committed", "ticks", "ticks_per_token", "speedup_vs_ar",
+                                           "accepted_by_exit", "fallbacks", "stage_forwards", "wall_s")}
+
+
+def summarise(records: list[dict], decoder) -> dict:
+    committed = sum(r["committed"] for r in records)
+    ticks = sum(r["ticks"] for r in records)
+    tpt = ticks / committed if committed else 0.0
+    verified = [r["verified"] for r in records]
+    return {
+        "committed": committed, "ticks": ticks, "ticks_per_token": tpt,
+        "speedup_vs_ar": decoder.exploration.num_stages / tpt if tpt else 0.0,
+        "accepted_by_exit": [sum(col) for col in zip(*(r["accepted_by_exit"] for r in records))],
+        "fallbacks": sum(r["fallbacks"] for r in records),
+        "stage_forwards": sum(r["stage_forwards"] for r in records),
+        "wall_s": sum(r["wall_s"] for r in records),
+        "verified": None if None in verified else all(verified),
+    }
+
+
+def _config_record(args, model_path: str, decoder) -> dict:
+    c, s = decoder.config, decoder.sampling
+    return {"model": model_path, "adapters": args.adapters, "exits": list(decoder.exploration.exits),
+            "explorers": decoder.exploration.num_stages, "width": c.width, "decs": c.decs, "policy": c.policy,
+            "max_branches": c.max_branches, "max_new_tokens": args.max_new_tokens, "temperature": s.temperature,
+            "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed, "dtype": args.dtype, "device": args.device}
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    quiet_libraries()
+
+    return run_with_clean_errors("dex-decode", lambda: run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
