@@ -242,7 +242,9 @@ class Lattice:
                 self._discard(child, discarded)
         del self.live[old.id]
         if keep is None:
-            self.stats.fallbacks += 1
+            # At the limit no child can exist: the decode ends here, nothing falls back.
+            if self.limit_position is None or old.position + 1 < self.limit_position:
+                self.stats.fallbacks += 1
             keep = self._new_branch(old.position + 1, reference, parent=None, origin_exit=None, score=1.0)
         else:
             self.stats.accepted_by_exit[keep.origin_exit] += 1

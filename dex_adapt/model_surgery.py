@@ -145,11 +145,11 @@ class StagedModel(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.norm.weight.device  # the embeddings live only on the first pipeline stage
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        return self.norm.weight.dtype
 
     # ------------------------------------------------------------- pieces
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
