@@ -27,7 +27,7 @@ from .lattice import Lattice
 from .model_surgery import StagedModel
 from .sampling import Sampler, SamplingConfig
 
-__all__ = ["DexConfig", "DecodeStats", "DexDecoder", "PromptError"]
+__all__ = ["DexConfig", "DecodeStats", "DexDecoder", "PromptError", "check_prompt", "decode_loop"]
 
 
 class PromptError(ValueError):
@@ -90,28 +90,22 @@ class DexDecoder:
             raise ValueError(f"width must be >= 1, got {self.config.width}")
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
-        if not prompt_ids:
-            raise PromptError("the prompt is empty")
-        if len(prompt_ids) >= self.staged.max_positions:
-            raise PromptError(
-                f"the prompt has {len(prompt_ids)} tokens; the model's context is {self.staged.max_positions}"
-            )
-        vocab = self.staged.lm_head.weight.shape[0]
-        bad = [t for t in prompt_ids if not 0 <= t < vocab]
-        if bad:
-            raise PromptError(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
+        check_prompt(prompt_ids, self.staged.max_positions, self.staged.lm_head.weight.shape[0])
 
     def max_new_tokens_for(self, prompt_ids: list[int], max_new_tokens: int) -> int:
         """Generation never runs past the model's context."""
         return max(0, min(max_new_tokens, self.staged.max_positions - len(prompt_ids)))
 
     @torch.no_grad()
-    def generate(self, prompt_ids, max_new_tokens: int = 64) -> tuple[list[int], DecodeStats]:
+    def generate(self, prompt_ids, max_new_tokens: int = 64, executor=None) -> tuple[list[int], DecodeStats]:
+        """Decode ``max_new_tokens`` (or up to an EOS). ``executor``: how the plan runs (default:
+        a fresh single-process executor; the pipelined one runs this same loop across ranks)."""
         prompt_ids = [int(t) for t in (prompt_ids.flatten().tolist() if torch.is_tensor(prompt_ids) else prompt_ids)]
         self.check_prompt(prompt_ids)
         max_new = self.max_new_tokens_for(prompt_ids, max_new_tokens)
         t0 = time.perf_counter()
-        executor = SingleProcessExecutor(self.staged, self.exploration, Sampler(self.sampling))
+        if executor is None:
+            executor = SingleProcessExecutor(self.staged, self.exploration, Sampler(self.sampling))
         output, lattice = decode_loop(executor, self.lattice(), prompt_ids, max_new, self.staged.eos_token_ids)
         return output, self.stats(lattice, time.perf_counter() - t0)
 
@@ -129,6 +123,17 @@ class DexDecoder:
             stage_forwards_per_token=s.stage_forwards / s.committed if s.committed else 0.0,
             max_live_branches=s.max_live, wall_s=wall_s, exits=list(self.exploration.exits),
         )
+
+
+def check_prompt(prompt_ids: list[int], max_positions: int, vocab_size: int) -> None:
+    """Raise :class:`PromptError` for a prompt the model cannot decode."""
+    if not prompt_ids:
+        raise PromptError("the prompt is empty")
+    if len(prompt_ids) >= max_positions:
+        raise PromptError(f"the prompt has {len(prompt_ids)} tokens; the model's context is {max_positions}")
+    bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise PromptError(f"token id {bad[0]} is outside the vocabulary (size {vocab_size})")
 
 
 def decode_loop(executor, lattice: Lattice, prompt_ids: list[int], max_new_tokens: int,

@@ -26,6 +26,7 @@ __all__ = [
     "StagedModel",
     "check_supported",
     "load_causal_lm",
+    "load_config",
 ]
 
 #: model_type -> class name. All share the layout ``model.{embed_tokens,layers,norm,rotary_emb}`` +
@@ -61,9 +62,9 @@ def check_supported(config) -> None:
             raise UnsupportedModelError(f"unsupported architecture {arch!r}; supported: {_supported_list()}")
 
 
-def load_causal_lm(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """Load a supported model from a local directory, checking the architecture before the weights."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def load_config(path: str):
+    """The HF config of a local model directory, refusing unsupported architectures up front."""
+    from transformers import AutoConfig
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"model directory not found: {path}")
@@ -79,6 +80,14 @@ def load_causal_lm(path: str, dtype: torch.dtype = torch.float32, device: str = 
         raise UnsupportedModelError(f"unsupported architecture {name!r}; supported: {_supported_list()}")
     config = AutoConfig.from_pretrained(path)
     check_supported(config)
+    return config
+
+
+def load_causal_lm(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """Load a supported model from a local directory, checking the architecture before the weights."""
+    from transformers import AutoModelForCausalLM
+
+    load_config(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     return model.to(device).eval()
 

@@ -5,8 +5,11 @@ Examples::
     dex-decode --model checkpoints/dexcoder-16l --explorers 4 --prompt 'def add(a, b):' --verify
     dex-decode --adapters checkpoints/dexcoder-16l-dex --exits 4,8,12,16 --humaneval 0,1,2 --json out.json
     dex-decode --model tiny/ --explorers 2 --prompt-ids 1,2,3 --temperature 0.8 --top-p 0.9 --seed 7
+    dex-decode --explorers 2 --pipeline --threads 1 --humaneval 0 --json out.json
+    torchrun --nproc-per-node 4 -m dex_adapt.cli.decode --explorers 4 --device cuda --humaneval 0
 
-Bad input exits with status 2 and one line on stderr; a ``--verify`` mismatch exits with status 1.
+Bad input exits with status 2 and one line on stderr; a ``--verify`` mismatch exits with status 1;
+a pipeline rank that dies or hangs makes every rank exit non-zero (3) naming it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from .common import (CliError, OneLineParser, default_model_path, positive_int, quiet_libraries,
@@ -53,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true",
                    help="also decode with plain AR (HF generate when greedy) and fail on any difference")
     p.add_argument("--json", help="write config, per-prompt results and a summary to this file")
+    pipe = p.add_argument_group("pipelined decoding (one explorer per process; or launch under torchrun)")
+    pipe.add_argument("--pipeline", action="store_true",
+                      help="start one local process per explorer (gloo on CPU, NCCL with CUDA)")
+    pipe.add_argument("--fault-timeout", type=float, default=60.0,
+                      help="seconds before a silent peer counts as failed (default 60)")
+    pipe.add_argument("--threads", type=positive_int, help="torch threads per process")
     return p
 
 
@@ -116,15 +126,25 @@ def resolve_model(args) -> str:
     return str(default_model_path())
 
 
-def run(args) -> int:
-    import torch
-    from tqdm import tqdm
+@dataclass
+class Job:
+    """Everything checked before any weights load (so the pipelined launcher can refuse bad input)."""
 
-    from ..decoder import DexConfig, DexDecoder
+    model_path: str
+    exploration: object
+    config: object  # DexConfig
+    sampling: object  # SamplingConfig
+    prompts: list
+    tokenizer: object
+
+
+def prepare(args) -> Job:
+    import torch
+
+    from ..decoder import DexConfig, check_prompt
     from ..exploration import ExplorationSet
-    from ..model_surgery import load_causal_lm
+    from ..model_surgery import load_config
     from ..sampling import SamplingConfig
-    from ..verify import verify_output
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda given but no CUDA device is available")
@@ -132,37 +152,127 @@ def run(args) -> int:
         raise CliError(f"adapter checkpoint not found: {args.adapters}")
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     model_path = resolve_model(args)
-    model = load_causal_lm(model_path, getattr(torch, args.dtype), args.device)
+    hf_config = load_config(model_path)
+    num_layers = hf_config.num_hidden_layers
+    exits = ExplorationSet.parse(args.exits, num_layers).exits if args.exits else None
+    config = DexConfig(exits=exits, explorers=args.explorers, width=args.width, decs=not args.no_decs,
+                       policy=args.policy, max_branches=args.max_branches)
+    exploration = config.exploration(num_layers)
+    tokenizer = load_tokenizer(model_path)
+    prompts = read_prompts(args, tokenizer)
+    for _, ids in prompts:
+        check_prompt(ids, getattr(hf_config, "max_position_embeddings", 1 << 30), hf_config.vocab_size)
+    return Job(model_path, exploration, config, sampling, prompts, tokenizer)
+
+
+def run(args) -> int:
+    from ..pipeline import from_env
+    from ..pipeline.launch import CHILD_ENV, launch_local
+
+    job = prepare(args)
+    ctx = from_env()
+    if args.pipeline and not ctx.distributed and os.environ.get(CHILD_ENV) is None:
+        if job.exploration.num_stages == 1:
+            return execute(args, job, None)
+        return launch_local(sys.argv[1:] if args.argv is None else args.argv, job.exploration.num_stages,
+                            args.fault_timeout, args.threads)
+    if ctx.distributed:
+        return execute_pipelined(args, job, ctx)
+    return execute(args, job, None)
+
+
+def execute(args, job: Job, ctx) -> int:
+    """Single process: the whole model on one device."""
+    import torch
+
+    from ..decoder import DexDecoder
+    from ..model_surgery import load_causal_lm
+
+    model = load_causal_lm(job.model_path, getattr(torch, args.dtype), args.device)
     adapters = None
     if args.adapters:
         from ..adapters import load_exit_adapters
 
         adapters = load_exit_adapters(args.adapters, model)
-    exits = ExplorationSet.parse(args.exits, model.config.num_hidden_layers).exits if args.exits else None
-    config = DexConfig(exits=exits, explorers=args.explorers, width=args.width, decs=not args.no_decs,
-                       policy=args.policy, max_branches=args.max_branches)
-    decoder = DexDecoder(model, config, sampling, adapters=adapters)
-    tokenizer = load_tokenizer(model_path)
-    prompts = read_prompts(args, tokenizer)
-    for _, ids in prompts:
-        decoder.check_prompt(ids)
+    decoder = DexDecoder(model, job.config, job.sampling, adapters=adapters)
+    return decode_prompts(args, job, decoder, lambda: model, None, report=True)
+
+
+def execute_pipelined(args, job: Job, ctx) -> int:
+    """One rank of the pipeline: only this stage's weights; rank 0 reports."""
+    import torch
+
+    from ..decoder import DexDecoder
+    from ..model_surgery import StagedModel, load_causal_lm
+    from ..pipeline import PipelinedExecutor, load_stage_model
+    from ..pipeline.dist import PipelineFault, init, shutdown
+    from ..sampling import Sampler
+
+    if ctx.world_size != job.exploration.num_stages:
+        raise CliError(f"{job.exploration.num_stages} explorers need {job.exploration.num_stages} ranks, "
+                       f"launched with {ctx.world_size}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = ctx.device if args.device == "cuda" else torch.device("cpu")
+    try:
+        init(ctx, args.fault_timeout)
+        layers = job.exploration.stages[ctx.rank]
+        model = load_stage_model(job.model_path, layers, ctx.rank == 0, getattr(torch, args.dtype), device)
+        adapters = None
+        if args.adapters:
+            from ..adapters import load_exit_adapters
+
+            depth = job.exploration.exits[ctx.rank]
+            adapters = {d: m for d, m in load_exit_adapters(args.adapters, model).items() if d == depth}
+        decoder = DexDecoder(StagedModel(model, adapters), job.config, job.sampling)
+        sampler = Sampler(job.sampling)
+
+        def executor():
+            return PipelinedExecutor(decoder.staged, decoder.exploration, sampler, ctx, args.fault_timeout)
+
+        def full_model():  # only for --verify, after decoding
+            return load_causal_lm(job.model_path, getattr(torch, args.dtype), device)
+
+        return decode_prompts(args, job, decoder, full_model, executor, report=ctx.rank == 0)
+    except PipelineFault as e:
+        print(f"dex-decode: {e}", file=sys.stderr)
+        os._exit(3)  # peers may be gone: do not wait in the process-group teardown
+    except torch.distributed.DistError as e:
+        print(f"dex-decode: rank {ctx.rank}: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        os._exit(3)
+    finally:
+        shutdown()
+
+
+def decode_prompts(args, job: Job, decoder, full_model, make_executor, report: bool) -> int:
+    from tqdm import tqdm
+
+    from ..verify import verify_output
 
     records, failures = [], []
-    for shown, ids in tqdm(prompts, desc="prompts", disable=len(prompts) < 2, file=sys.stderr):
-        output, stats = decoder.generate(ids, args.max_new_tokens)
+    verify_model = None
+    for shown, ids in tqdm(job.prompts, desc="prompts", disable=len(job.prompts) < 2 or not report,
+                           file=sys.stderr):
+        output, stats = decoder.generate(ids, args.max_new_tokens,
+                                         executor=make_executor() if make_executor else None)
+        if not report:
+            continue
         verified = None
         if args.verify:
-            mismatch = verify_output(model, ids, output, decoder.max_new_tokens_for(ids, args.max_new_tokens),
-                                     sampling, decoder.staged.eos_token_ids)
+            verify_model = verify_model or full_model()
+            mismatch = verify_output(verify_model, ids, output, decoder.max_new_tokens_for(ids, args.max_new_tokens),
+                                     job.sampling, decoder.staged.eos_token_ids)
             verified = mismatch is None
             if mismatch:
                 failures.append(f"prompt {len(records)}: {mismatch}")
-        text = tokenizer.decode(output) if tokenizer is not None else None
+        text = job.tokenizer.decode(output) if job.tokenizer is not None else None
         print(text if text is not None else ",".join(map(str, output)), flush=True)
         records.append({"prompt": shown if shown is not None else ids, "output_ids": output, "text": text,
                         **_stat_fields(stats), "verified": verified})
+    if not report:
+        return 0
     if args.json:
-        write_json_atomic(args.json, {"config": _config_record(args, model_path, decoder),
+        write_json_atomic(args.json, {"config": _config_record(args, job.model_path, decoder),
                                       "prompts": records, "summary": summarise(records, decoder)})
     for line in failures:
         print(f"dex-decode: verify failed: {line}", file=sys.stderr)
@@ -208,6 +318,7 @@ def _config_record(args, model_path: str, decoder) -> dict:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = argv
     quiet_libraries()
 
     return run_with_clean_errors("dex-decode", lambda: run(args))
