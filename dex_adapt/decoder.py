@@ -86,8 +86,7 @@ class DexDecoder:
         self.sampling = sampling or SamplingConfig()
         self.staged = model if isinstance(model, StagedModel) else StagedModel(model, adapters)
         self.exploration = self.config.exploration(self.staged.num_layers)
-        if self.config.width is not None and self.config.width < 1:
-            raise ValueError(f"width must be >= 1, got {self.config.width}")
+        self.lattice()  # validates width, policy and budget now rather than inside generate()
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
         check_prompt(prompt_ids, self.staged.max_positions, self.staged.lm_head.weight.shape[0])

@@ -82,8 +82,13 @@ class StageRunner:
             (task,) = tasks  # only the anchor reaches the final stage
             logits = staged.exit_logits(out[0, 0], end)
             return out, None, self.sampler(logits, task.position + 1)
-        tokens, conf = propose(staged.exit_logits(out[0], end), tuple(t.exclude for t in tasks))
-        proposals = {t.branch: Proposal(int(tok), float(c)) for t, tok, c in zip(tasks, tokens.tolist(), conf.tolist())}
+        proposals = {t.branch: Proposal(None, 0.0) for t in tasks}
+        rows = [j for j, t in enumerate(tasks) if t.propose]  # skip the exit head where no child can follow
+        if rows:
+            logits = staged.exit_logits(out[0, rows], end)
+            tokens, conf = propose(logits, tuple(tasks[j].exclude for j in rows))
+            for j, tok, c in zip(rows, tokens.tolist(), conf.tolist()):
+                proposals[tasks[j].branch] = Proposal(int(tok), float(c))
         return out, proposals, None
 
     def keep_hidden(self, tasks: tuple[Task, ...], out: torch.Tensor) -> None:

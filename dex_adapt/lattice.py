@@ -51,6 +51,7 @@ class Task:
     ancestors: tuple[int, ...]  # uncommitted ancestor branch ids, nearest first
     exclude: tuple[int, ...]  # DECS: tokens this branch's shallower exits already proposed
     is_anchor: bool
+    propose: bool = True  # False when no child could be spawned: executors may skip the exit head
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,10 @@ class Lattice:
             ancestors.append(node.id)
             node = node.parent
         exclude = tuple(branch.proposed) if self.decs else ()
-        return Task(branch.id, branch.position, branch.token, tuple(ancestors), exclude, branch is self.anchor)
+        propose = self.max_branches > 1 and (self.limit_position is None
+                                             or branch.position + 1 < self.limit_position)
+        return Task(branch.id, branch.position, branch.token, tuple(ancestors), exclude, branch is self.anchor,
+                    propose)
 
     # ---------------------------------------------------------------- apply
     def apply(self, proposals: dict[int, Proposal], reference: int | None) -> TickResult:

@@ -205,7 +205,7 @@ def execute_pipelined(args, job: Job, ctx) -> int:
     from ..decoder import DexDecoder
     from ..model_surgery import StagedModel, load_causal_lm
     from ..pipeline import PipelinedExecutor, load_stage_model
-    from ..pipeline.dist import PipelineFault, init, shutdown
+    from ..pipeline.dist import Heartbeat, PipelineFault, init, shutdown
     from ..sampling import Sampler
 
     if ctx.world_size != job.exploration.num_stages:
@@ -216,6 +216,7 @@ def execute_pipelined(args, job: Job, ctx) -> int:
     device = ctx.device if args.device == "cuda" else torch.device("cpu")
     try:
         init(ctx, args.fault_timeout)
+        heartbeat = Heartbeat(ctx)
         layers = job.exploration.stages[ctx.rank]
         model = load_stage_model(job.model_path, layers, ctx.rank == 0, getattr(torch, args.dtype), device)
         adapters = None
@@ -228,7 +229,8 @@ def execute_pipelined(args, job: Job, ctx) -> int:
         sampler = Sampler(job.sampling)
 
         def executor():
-            return PipelinedExecutor(decoder.staged, decoder.exploration, sampler, ctx, args.fault_timeout)
+            return PipelinedExecutor(decoder.staged, decoder.exploration, sampler, ctx, args.fault_timeout,
+                                     heartbeat)
 
         def full_model():  # only for --verify, after decoding
             return load_causal_lm(job.model_path, getattr(torch, args.dtype), device)

@@ -8,6 +8,7 @@ available, gloo otherwise.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -71,36 +72,50 @@ def shutdown() -> None:
 
 
 class Heartbeat:
-    """Each rank records its progress in the rendezvous store, so a rank that sees a peer fail can
-    name the one that stopped: the rank whose last beat is oldest (or that never beat at all)."""
+    """Liveness in the rendezvous store, so a rank that sees a peer fail can name it.
+
+    A daemon thread stamps ``dex/heartbeat/<rank>`` every ``interval_s``. A killed or stopped
+    process stops stamping; on a fault the survivors wait a few intervals and name the rank whose
+    stamp is stale. (A live rank stuck in a deadlock keeps stamping and is reported as unknown.)
+    """
 
     def __init__(self, ctx: DistContext, interval_s: float = 0.5) -> None:
         self.ctx = ctx
         self.interval_s = interval_s
-        self._last = 0.0
-        self.store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
+        self.store = None
+        if dist.is_initialized():
+            store = dist.distributed_c10d._get_default_store()
+            self.store = store.clone() if hasattr(store, "clone") else store
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._run, name="dex-heartbeat", daemon=True)
+            self._thread.start()
 
-    def beat(self, tick: int, force: bool = False) -> None:
-        now = time.time()
-        if self.store is None or (not force and now - self._last < self.interval_s):
-            return
-        self._last = now
-        self.store.set(f"dex/heartbeat/{self.ctx.rank}", f"{now:.3f}")
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.store.set(f"dex/heartbeat/{self.ctx.rank}", f"{time.time():.3f}")
+            except Exception:  # the store host is gone; the main thread reports the failure
+                return
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        if self.store is not None:
+            self._stop.set()
 
     def culprit(self) -> str:
-        """Describe the peer most likely at fault, from the store (best effort)."""
+        """Describe the peer that stopped (best effort, takes a few heartbeat intervals)."""
         if self.store is None:
             return "a peer rank"
+        time.sleep(4 * self.interval_s)
         try:
-            self.store.set_timeout(timedelta(seconds=2))
             ages = {}
             for rank in range(self.ctx.world_size):
-                if rank == self.ctx.rank:
-                    continue
                 key = f"dex/heartbeat/{rank}"
-                ages[rank] = time.time() - float(self.store.get(key)) if self.store.check([key]) else float("inf")
-        except Exception:  # the store itself is gone: its host (the launcher or rank 0) died
-            return "the rendezvous host (launcher or rank 0)"
+                if rank != self.ctx.rank:
+                    ages[rank] = time.time() - float(self.store.get(key)) if self.store.check([key]) else float("inf")
+        except Exception:  # the store itself is gone: its host died
+            return "the rendezvous host (the launcher, or rank 0 under torchrun)"
         rank = max(ages, key=ages.get)
-        age = ages[rank]
-        return f"rank {rank} (no heartbeat{'' if age == float('inf') else f' for {age:.0f} s'})"
+        if ages[rank] < 3 * self.interval_s:
+            return "a peer rank (all peers are alive: a stall, not a crash)"
+        return f"rank {rank}"

@@ -42,7 +42,7 @@ class PipelinedExecutor:
     """Runs stage ``ctx.rank`` of each tick; same interface as the single-process executor."""
 
     def __init__(self, staged: StagedModel, exploration: ExplorationSet, sampler: Sampler,
-                 ctx: DistContext, timeout_s: float = 60.0) -> None:
+                 ctx: DistContext, timeout_s: float = 60.0, heartbeat: Heartbeat | None = None) -> None:
         if exploration.num_stages != ctx.world_size:
             raise ValueError(f"{exploration.num_stages} explorers need {exploration.num_stages} ranks, "
                              f"got {ctx.world_size}")
@@ -54,7 +54,7 @@ class PipelinedExecutor:
         self.dtype = staged.dtype
         self.device = staged.device
         self.timeout = timedelta(seconds=timeout_s)
-        self.heartbeat = Heartbeat(ctx)
+        self.heartbeat = heartbeat or Heartbeat(ctx)  # one per process: pass it in across prompts
         self.ticks = 0
         self._fault = _parse_fault(os.environ.get(FAULT_ENV), ctx.rank)
 
@@ -75,7 +75,6 @@ class PipelinedExecutor:
     # ------------------------------------------------------------- ticks
     def run_tick(self, plan: TickPlan) -> tuple[dict[int, Proposal], int | None]:
         self.ticks += 1
-        self.heartbeat.beat(self.ticks)
         if self._fault and self._fault[0] == self.ticks:
             os.kill(os.getpid(), signal.SIGKILL if self._fault[1] == "kill" else signal.SIGSTOP)
         incoming = plan.stages[self.stage - 1] if self.stage > 0 else ()
@@ -129,20 +128,20 @@ class PipelinedExecutor:
     def _wait(self, work, peer: str) -> None:
         try:
             if not work.wait(self.timeout):
-                raise PipelineFault(f"rank {self.ctx.rank}: timed out after {self.timeout.total_seconds():.0f} s "
-                                    f"waiting for {peer}")
-        except PipelineFault:
-            raise
+                raise TimeoutError("timed out")
         except Exception as e:
             raise self._fault_error(e, peer) from None
 
     def _fault_error(self, error: Exception, peer: str | None = None) -> PipelineFault:
-        who = peer if peer is not None else self.heartbeat.culprit()
+        who = self.heartbeat.culprit()
+        if who.startswith("a peer rank") and peer is not None:
+            who = peer
         kind = "timed out" if "timeout" in str(error).lower() or "timed out" in str(error).lower() else "lost"
         return PipelineFault(f"rank {self.ctx.rank}: {kind} contact with {who} at tick {self.ticks}")
 
     def apply(self, result: TickResult) -> None:
         self.runner.apply(result)
+
 
     @property
     def cache(self):
