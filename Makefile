@@ -18,8 +18,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(VENV)/bin/dex-decode --model $(MODEL) --explorers 4 --max-new-tokens 48 --verify \
-		--prompt 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+	OMP_NUM_THREADS=1 $(VENV)/bin/dex-decode --model $(MODEL) --explorers 4 --max-new-tokens 48 --verify --humaneval 0
 
 test: install
 	$(PY) -m pytest -q
