@@ -78,6 +78,11 @@ class TickResult:
 
 @dataclass
 class LatticeStats:
+    """Tick accounting (DESIGN.md §4). Each commit's collapse either keeps a child proposed by exit
+    ``i`` (``accepted_by_exit[i] += 1``: the next token costs ``i + 1`` ticks) or falls back (``N``
+    ticks). The commit at ``limit_position`` (the last requested token) keeps nothing and counts as
+    neither, so a run that ends there has ``sum(accepted_by_exit) + fallbacks == committed - 1``."""
+
     ticks: int = 0
     committed: int = 0
     fallbacks: int = 0

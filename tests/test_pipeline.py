@@ -120,7 +120,7 @@ def _encode(path, text):
     return AutoTokenizer.from_pretrained(path).encode(text)
 
 
-@pytest.mark.parametrize("mode", ["kill", "hang"])
+@pytest.mark.parametrize("mode", ["kill", pytest.param("hang", marks=pytest.mark.slow)])
 def test_a_failed_rank_brings_every_rank_down_named(tiny_dir, mode):
     timeout = 15
     start = time.monotonic()
@@ -137,6 +137,24 @@ def test_a_failed_rank_brings_every_rank_down_named(tiny_dir, mode):
                                capture_output=True, text=True).stdout.split()
     assert str(os.getpid()) not in leftovers
     assert not [p for p in leftovers if _is_our_child(p, str(tiny_dir))]
+
+
+@pytest.mark.slow
+def test_torchrun_launch_matches_single_process(tiny_dir, tmp_path):
+    out = tmp_path / "out.json"
+    import socket
+
+    with socket.socket() as sock:  # torchrun hands --master-port 0 to the workers verbatim: pick one
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+           "-m", "dex_adapt.cli.decode", "--model", str(tiny_dir), "--exits", "3,6", "--prompt-ids", "4,5,6",
+           "--max-new-tokens", "20", "--threads", "1", "--json", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads(out.read_text())["prompts"][0]
+    ((ids, stats),) = _single_process(tiny_dir, (3, 6), [[4, 5, 6]], SamplingConfig(), 20)
+    assert record["output_ids"] == ids and record["ticks"] == stats.ticks
 
 
 def _is_our_child(pid: str, marker: str) -> bool:
