@@ -1,0 +1,87 @@
+"""decode/bench_pipeline.py: the dex-decode commands it runs, and --quick end to end on a tiny model (N = 2)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from dex_adapt.pipeline.bench import PipelineBenchConfig, decode_argv, summarise_decode
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("bench_pipeline_script", ROOT / "decode" / "bench_pipeline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ar_is_dex_with_a_budget_of_one_branch():
+    cfg = PipelineBenchConfig(model="m", explorers=4, width=3, max_branches=64, adapters="ckpt")
+    ar, dex = (decode_argv(cfg, [[1, 2], [3, 4, 5]], mode) for mode in ("ar", "dex"))
+    for argv in (ar, dex):
+        assert "--pipeline" in argv and argv[argv.index("--explorers") + 1] == "4"
+        assert [argv[i + 1] for i, a in enumerate(argv) if a == "--prompt-ids"] == ["1,2", "3,4,5"]
+    assert ar[ar.index("--max-branches") + 1] == "1" and "--adapters" not in ar and "--width" not in ar
+    assert dex[dex.index("--max-branches") + 1] == "64" and dex[dex.index("--width") + 1] == "3"
+    assert dex[dex.index("--adapters") + 1] == "ckpt"
+
+
+def test_summary_leaves_out_the_warmup_prompt():
+    row = {"committed": 4, "ticks": 8, "wall_s": 0.5, "stage_forwards": 9, "fallbacks": 1, "accepted_by_exit": [2],
+           "output_ids": [1, 2, 3, 4]}
+    record = {"prompts": [dict(row, wall_s=9.0), row, dict(row, ticks=6, accepted_by_exit=[1])]}
+    s = summarise_decode(record, warmup=1)
+    assert (s["committed"], s["ticks"], s["wall_s"], s["accepted_by_exit"]) == (8, 14, 1.0, [3])
+    assert s["tokens_per_s"] == 8.0 and s["ticks_per_token"] == 14 / 8 and s["per_tick_s"] == 1.0 / 14
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from _tiny_base import make_tiny_base
+
+    return make_tiny_base(str(tmp_path_factory.mktemp("bench_pipeline") / "tiny"), layers=6, hidden=32)
+
+
+def test_print_commands_and_bad_input(tiny_model_dir, capsys):
+    script = load_script()
+    assert script.main(["--quick", "--model", tiny_model_dir, "--print-commands"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("dex-decode --model") for line in lines)
+    assert "--max-branches 1 " in lines[0]
+    assert script.main(["--model", tiny_model_dir, "--ar-json", "x.json"]) == 2
+    assert "--dex-json" in capsys.readouterr().err
+
+
+def test_quick_benchmark_writes_every_number(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    assert load_script().main(["--quick", "--model", tiny_model_dir, "--out", str(out)]) == 0
+    result = json.loads((out / "pipeline.json").read_text())
+    assert result["model"] == "tiny" and result["command"].startswith("python decode/bench_pipeline.py --quick")
+    assert result["machine"]["torch_threads"] == 1 and result["machine"]["cpu_count"] >= 1
+    config = result["config"]
+    assert config["explorers"] == 2 and config["num_prompts"] == 2 and config["max_new_tokens"] == 8
+    assert config["exits"] == [3, 6] and all(n <= 24 for n in config["prompt_tokens"])
+    assert result["lossless"] is True and result["ticks_match"] is True
+    hf, ar, dex = result["hf_generate"], result["runs"]["ar"], result["runs"]["dex"]
+    assert hf["committed"] == ar["committed"] == dex["committed"] > 0
+    assert ar["ticks_per_token"] == 2.0 and ar["stage_forwards"] == ar["ticks"]  # N ticks per token, no speculation
+    assert dex["ticks"] <= ar["ticks"] and len(dex["per_prompt"]) == 2
+    for run in (hf, ar, dex):
+        assert run["wall_s"] > 0 and run["tokens_per_s"] > 0
+    assert set(result["speedup"]) == {"dex_vs_ar_pipelined", "dex_vs_hf", "ar_pipelined_vs_hf", "dex_vs_ar_ticks"}
+    assert result["decode_commands"]["ar"].startswith("dex-decode ")
+    assert len(result["stage_s"]["ar"]) == len(result["stage_s"]["dex"]) == len(result["stage_s"]["dex_together"]) == 2
+    for mode in ("ar", "dex"):
+        tick = result["tick_model"][mode]
+        assert tick["predicted_s"] > 0 and tick["measured_s"] > 0
+        assert tick["measured_s"] == pytest.approx(result["runs"][mode]["wall_s"] / result["runs"][mode]["ticks"])
+        assert {"replay_compute_s", "bookkeeping_s", "core_sharing_s", "communication_and_sync_s",
+                "prefill_per_prompt_s"} <= set(tick)
+    assert result["tick_model"]["ar"]["core_sharing_s"] == 0.0  # pipelined AR: one rank computes per tick
+    markdown = (out / "pipeline.md").read_text()
+    assert "pipelined DEX (N=2" in markdown and "HF generate" in markdown and "Command: `python" in markdown

@@ -1,0 +1,140 @@
+"""Pretraining of the embedded base model: tiny end-to-end run, exact resume, config errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "train"))
+
+import pretrain_base  # noqa: E402
+
+from dex_adapt.pretrain.config import ConfigError, PretrainConfig, config_from_dict, load_config  # noqa: E402
+from dex_adapt.pretrain.corpus import is_test_path, split_stdlib  # noqa: E402
+from dex_adapt.pretrain.data import batch_for_step  # noqa: E402
+from dex_adapt.pretrain.model import build_model, early_exit_loss, layer_drop_probs  # noqa: E402
+from dex_adapt.pretrain.trainer import lr_at  # noqa: E402
+
+TINY = str(ROOT / "configs" / "pretrain" / "tiny-test.yaml")
+
+
+def _run(tmp: Path, *extra: str) -> int:
+    return pretrain_base.main(["--config", TINY, "--out-dir", str(tmp / "out"), "--work-dir", str(tmp / "work"),
+                               *extra])
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("straight")
+    assert _run(tmp, "--max-steps", "4") == 0
+    return tmp
+
+
+def test_end_to_end_output_loads_offline(straight):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = straight / "out"
+    tok = AutoTokenizer.from_pretrained(str(out))
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert tok.eos_token == "<|endoftext|>"
+    assert model.config.eos_token_id == tok.eos_token_id
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == tok.eos_token_id
+    assert all(t.dtype == torch.bfloat16 for t in load_file(str(out / "model.safetensors")).values())
+    text = "def f(x):\n    return x + 1\n"
+    assert tok.decode(tok(text)["input_ids"]) == text  # byte-level BPE round-trips exactly
+    for name in ("loss.csv", "loss.png", "training_summary.json"):
+        assert (out / name).is_file()
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["steps"] == 4 and summary["tokens_seen"] == 4 * 4 * 64
+    assert len(summary["data"]["train_fingerprint_sha256"]) == 64
+
+
+def test_resume_continues_exactly(tmp_path, straight):
+    assert _run(tmp_path, "--max-steps", "2") == 0
+    assert _run(tmp_path, "--max-steps", "4") == 0
+    with (tmp_path / "work" / "loss.csv").open() as f:
+        assert [int(r["step"]) for r in csv.DictReader(f)] == [1, 2, 3, 4]
+    assert torch.load(tmp_path / "work" / "state.pt", weights_only=False)["step"] == 4
+    # Batches are a pure function of the step and RNG state is restored: 2+2 steps == 4 steps.
+    a = load_file(str(tmp_path / "out" / "model.safetensors"))
+    b = load_file(str(straight / "out" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
+def test_config_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("num_layerz: 3\n")
+    assert pretrain_base.main(["--config", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown key" in err and "num_layerz" in err and "\n" not in err
+    bad.write_text("num_layers: two\n")
+    assert pretrain_base.main(["--config", str(bad)]) == 2
+    assert "num_layers" in capsys.readouterr().err
+    assert pretrain_base.main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_config_types_and_invariants():
+    with pytest.raises(ConfigError, match="wants int"):
+        config_from_dict({"batch_size": 2.5})
+    with pytest.raises(ConfigError, match="wants int"):
+        config_from_dict({"max_steps": True})
+    with pytest.raises(ConfigError, match="num_heads"):
+        config_from_dict({"hidden_size": 100})
+    assert config_from_dict({"lr": 1}).lr == 1.0  # ints are fine for float fields
+    for name in ("dexcoder-16l", "dexcoder-16l-ee", "tiny-test"):
+        load_config(ROOT / "configs" / "pretrain" / f"{name}.yaml")
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = PretrainConfig(lr=1.0, warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1)
+    assert lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(60, cfg) == pytest.approx(0.55)
+    assert lr_at(110, cfg) == pytest.approx(0.1)
+    timed = PretrainConfig(lr=1.0, warmup_steps=10, max_steps=1000, time_budget_s=100.0, min_lr_ratio=0.1)
+    assert lr_at(20, timed, elapsed_s=100.0) == pytest.approx(0.1)  # the time budget ends the decay
+
+
+def test_corpus_split_holds_out_tests():
+    assert is_test_path("test/test_os.py") and is_test_path("ctypes/test/test_cast.py")
+    assert is_test_path("idlelib/idle_test/test_run.py") and not is_test_path("os.py")
+    assert not is_test_path("unittest/case.py")
+    split = split_stdlib()
+    assert split.train and split.heldout and not set(split.train) & set(split.heldout)
+    assert list(split.train) == sorted(split.train)
+    assert not any("site-packages" in p for p in split.train)
+
+
+def test_batches_are_a_function_of_step():
+    stream = torch.arange(10_000)
+    a = batch_for_step(stream, 7, batch_size=3, context_length=16, seed=1)
+    assert a.shape == (3, 16)
+    assert torch.equal(a, batch_for_step(stream, 7, batch_size=3, context_length=16, seed=1))
+    assert not torch.equal(a, batch_for_step(stream, 8, batch_size=3, context_length=16, seed=1))
+
+
+def test_early_exit_loss_trains_every_exit():
+    cfg = PretrainConfig(num_layers=4, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1,
+                         head_dim=16, context_length=16, vocab_size=64)
+    model = build_model(cfg, 64, 0)
+    ids = torch.randint(0, 64, (2, 16))
+    g = torch.Generator().manual_seed(0)
+    total, final = early_exit_loss(model, ids, layers_per_step=3, ee_scale=1.0, p_max=0.0, generator=g)
+    assert total.item() > final.item() > 0
+    # With no dropout and no exits, the final-layer CE is exactly HF's loss.
+    _, final0 = early_exit_loss(model, ids, layers_per_step=0, ee_scale=1.0, p_max=0.0, generator=g)
+    torch.testing.assert_close(final0, model(input_ids=ids, labels=ids).loss.detach())
+    total.backward()
+    assert all(p.grad is not None for p in model.parameters())
+    assert layer_drop_probs(5, 0.2) == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
