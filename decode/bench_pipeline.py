@@ -9,7 +9,7 @@ an in-process replay that splits each tick into compute, bookkeeping and communi
 
 Commands::
 
-    # this 2-core CPU machine: the shipped model, N = 2, one thread per process (~3 min)
+    # this 2-core CPU machine: the shipped model, N = 2, one thread per process (3-5 min)
     python decode/bench_pipeline.py --model checkpoints/dexcoder-16l --explorers 2 --threads 1 \\
         --num-prompts 5 --max-new-tokens 64
     # the same with trained inducing adapters at the exits
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -133,6 +134,7 @@ def run(args, argv: list[str]) -> int:
 
         return model, load_exit_adapters(args.adapters, model)
 
+    load_at_start = list(os.getloadavg())
     records = None
     if args.ar_json:
         records = {mode: json.loads(Path(p).read_text()) for mode, p in (("ar", args.ar_json), ("dex", args.dex_json))}
@@ -140,7 +142,7 @@ def run(args, argv: list[str]) -> int:
                                 progress=lambda m: print(f"bench_pipeline: {m}", file=sys.stderr, flush=True))
     name = Path(path).resolve().name
     result = {"model": name, "command": shlex.join(["python", "decode/bench_pipeline.py", *argv]),
-              "machine": machine_info(args.device), **result}
+              "machine": {**machine_info(args.device), "load_average_at_start": load_at_start}, **result}
     out = Path(args.out or Path("results") / name)
     write_json_atomic(str(out / "pipeline.json"), result)
     markdown = pipeline_markdown(result)

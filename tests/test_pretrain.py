@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "train"))
 
+import eval_base  # noqa: E402
 import pretrain_base  # noqa: E402
 
 from dex_adapt.pretrain.config import ConfigError, PretrainConfig, config_from_dict, load_config  # noqa: E402
@@ -138,3 +139,16 @@ def test_early_exit_loss_trains_every_exit():
     total.backward()
     assert all(p.grad is not None for p in model.parameters())
     assert layer_drop_probs(5, 0.2) == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
+
+
+def test_eval_base_writes_table_json_and_card(straight):
+    out = straight / "out"
+    assert eval_base.main(["--model-dir", str(out), "--snippets", "2", "--snippet-chars", "300",
+                           "--humaneval", "1", "--new-tokens", "4", "--write-card"]) == 0
+    ev = json.loads((out / "depth_agreement.json").read_text())
+    assert ev["num_layers"] == 2 and ev["heldout_ppl"] > 1
+    for rates in ev["agreement"].values():
+        assert len(rates) == 2 and rates[-1] == 1.0
+    card = (out / "README.md").read_text()
+    assert "| layer d |" in card and "train/eval_base.py --model-dir" in card and "sha256" in card
+    assert eval_base.main(["--model-dir", str(out / "missing")]) == 2

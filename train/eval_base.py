@@ -37,31 +37,25 @@ def main(argv=None) -> int:
     p.add_argument("--write-card", action="store_true", help="render README.md in the model dir")
     p.add_argument("--train-config", default=None,
                    help="training config path to cite in the card (default configs/pretrain/<dir name>.yaml)")
+    p.add_argument("--card-only", action="store_true",
+                   help="only re-render README.md from the JSON already in the model dir")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model_dir = Path(args.model_dir)
     try:
-        ev = evaluate(model_dir, n_snippets=args.snippets, snippet_chars=args.snippet_chars,
-                      n_humaneval=args.humaneval, new_tokens=args.new_tokens, seed=args.seed,
-                      log=lambda m: print(m, flush=True))
+        if not args.card_only:
+            ev = evaluate(model_dir, n_snippets=args.snippets, snippet_chars=args.snippet_chars,
+                          n_humaneval=args.humaneval, new_tokens=args.new_tokens, seed=args.seed,
+                          log=lambda m: print(m, flush=True))
+            table = ev.table()
+            print(table)
+            (model_dir / "depth_agreement.json").write_text(json.dumps(ev.to_json(), indent=2))
+            (model_dir / "depth_agreement.md").write_text(table + "\n")
+        if args.write_card or args.card_only:
+            print(f"wrote {write_card(model_dir, args.train_config)}")
     except (FileNotFoundError, ValueError, OSError) as e:
         print(f"eval_base: error: {e}", file=sys.stderr)
         return 2
-    table = ev.table()
-    print(table)
-    (model_dir / "depth_agreement.json").write_text(json.dumps(ev.to_json(), indent=2))
-    (model_dir / "depth_agreement.md").write_text(table + "\n")
-    if args.write_card:
-        cfg = args.train_config or f"configs/pretrain/{model_dir.name}.yaml"
-        cmd_eval = (f"python train/eval_base.py --model-dir {model_dir} --snippets {args.snippets} "
-                    f"--snippet-chars {args.snippet_chars} --humaneval {args.humaneval} "
-                    f"--new-tokens {args.new_tokens} --seed {args.seed} --threads {args.threads} --write-card")
-        path = write_card(model_dir, {
-            "training, throughput, tokens seen, loss curve, fp32 held-out loss (resumable: rerun to continue)":
-                f"python train/pretrain_base.py --config {cfg}",
-            "held-out perplexity, agreement table, completions, this card": cmd_eval,
-        })
-        print(f"wrote {path}")
     return 0
 
 

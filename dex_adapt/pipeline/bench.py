@@ -140,43 +140,55 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, warmup: li
     return {"committed": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0, "outputs": outputs}
 
 
+def _compute_clock(device):
+    """Seconds of compute: this thread's CPU time on a CPU (one torch thread: the forward runs in
+    it), so that other jobs on a shared machine do not inflate it; synchronised wall time on a GPU."""
+    if torch.device(device).type == "cpu":
+        return time.thread_time
+    return lambda: (_sync(device), time.perf_counter())[1]
+
+
 @torch.no_grad()
 def _stage_seconds(staged, exploration, stage: int, batch: int, context: int, reps: int, head: bool,
-                   ready=None) -> float:
-    """Median seconds of one forward of ``stage`` as its rank runs it: ``batch`` sibling branches after
-    ``context`` committed positions, the exit head when ``head`` (the final stage always samples)."""
-    vocab, device = staged.lm_head.weight.shape[0], staged.device
+                   ready=None) -> tuple[float, float]:
+    """Median (compute, wall) seconds of one forward of ``stage`` as its rank runs it: ``batch`` sibling
+    branches after ``context`` committed positions, the exit head when ``head`` (the final stage samples)."""
+    vocab, device, clock = staged.lm_head.weight.shape[0], staged.device, _compute_clock(staged.device)
     runner = StageRunner(staged, exploration, Sampler(SamplingConfig()))
     runner.prefill([i % vocab for i in range(context)], exploration.stages[stage])
     tasks = tuple(Task(10_000 + j, context, j % vocab, (), (), j == 0, head) for j in range(batch))
     hidden = None if stage == 0 else torch.randn(1, batch, staged.config.hidden_size, dtype=staged.dtype,
                                                  device=device)  # values do not change the cost
-    times = []
+    compute, wall = [], []
     for rep in range(reps + 2):  # two untimed warm-ups
         if rep == 2 and ready is not None:
             ready()
         _sync(device)
-        t0 = time.perf_counter()
+        c0, w0 = clock(), time.perf_counter()
         runner.run_stage(stage, tasks, hidden)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
+        c1 = clock()
+        compute.append(c1 - c0)
+        wall.append(time.perf_counter() - w0)
         runner.cache.release([t.branch for t in tasks])
-    return statistics.median(times[2:])
+    return statistics.median(compute[2:]), statistics.median(wall[2:])
 
 
 def time_stages(staged, exploration, batch: int, context: int, reps: int = 20) -> dict:
-    """Per stage, one forward alone: ``"ar"`` at batch 1 without exit head, ``"dex"`` at ``batch``
-    with it (the final stage only ever runs the anchor: batch 1)."""
-    last = exploration.num_stages - 1
-    return {mode: [_stage_seconds(staged, exploration, s, 1 if mode == "ar" or s == last else batch, context,
-                                  reps, mode == "dex") for s in range(exploration.num_stages)]
-            for mode in ("ar", "dex")}
+    """Per stage, the compute seconds of one forward: ``"ar"`` at batch 1 without exit head, ``"dex"``
+    at ``batch`` with it (the final stage only ever runs the anchor: batch 1); ``"wall_over_compute"``:
+    how much longer the forwards took on the clock (1.0 on an idle core)."""
+    last, out = exploration.num_stages - 1, {}
+    for mode in ("ar", "dex"):
+        out[mode] = [_stage_seconds(staged, exploration, s, 1 if mode == "ar" or s == last else batch, context,
+                                    reps, mode == "dex") for s in range(exploration.num_stages)]
+    ratio = statistics.fmean(w / c for c, w in out["ar"] + out["dex"])
+    return {"ar": [c for c, _ in out["ar"]], "dex": [c for c, _ in out["dex"]], "wall_over_compute": ratio}
 
 
-def time_stages_together(staged, exploration, batch: int, context: int, reps: int = 20) -> list[float] | None:
+def time_stages_together(staged, exploration, batch: int, context: int, reps: int = 20) -> dict | None:
     """The DEX stage forwards with every rank computing at once, one forked process per stage (CPU
-    only). With fewer free cores than N they share cores: the slowdown over :func:`time_stages` is
-    part of a pipelined DEX tick but not of a pipelined AR one (one rank computes per tick)."""
+    only): ``{"compute": [s], "wall": [s], "wall_over_compute"}``. With fewer free cores than N the
+    ranks share cores; that costs a pipelined DEX tick, not a pipelined AR one (one rank computes)."""
     if staged.device.type != "cpu":
         return None
     n, ctx = exploration.num_stages, multiprocessing.get_context("fork")
@@ -196,32 +208,33 @@ def time_stages_together(staged, exploration, batch: int, context: int, reps: in
             p.join(5)
             if p.is_alive():
                 p.kill()
-    return [seconds[s] for s in range(n)]
+    compute, wall = ([seconds[s][i] for s in range(n)] for i in (0, 1))
+    ratio = statistics.fmean(w / c for c, w in zip(compute, wall))
+    return {"compute": compute, "wall": wall, "wall_over_compute": ratio}
 
 
 class _TimedExecutor(SingleProcessExecutor):
-    """The single-process executor, timing every stage forward of every tick and the prefill."""
+    """The single-process executor, timing the compute of every stage forward of every tick and the prefill."""
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.ticks: list[list[tuple[int, int, float]]] = []  # per tick: (stage, batch, seconds)
         self.prefill_s = 0.0
+        self.clock = _compute_clock(self.runner.staged.device)
         run = self.runner.run_stage
 
         def timed(stage, tasks, hidden=None):
-            t0 = time.perf_counter()
+            t0 = self.clock()
             out = run(stage, tasks, hidden)
-            _sync(self.runner.staged.device)
-            self.ticks[-1].append((stage, len(tasks), time.perf_counter() - t0))
+            self.ticks[-1].append((stage, len(tasks), self.clock() - t0))
             return out
 
         self.runner.run_stage = timed
 
     def prefill(self, token_ids):
-        t0 = time.perf_counter()
+        t0 = self.clock()
         super().prefill(token_ids)
-        _sync(self.runner.staged.device)
-        self.prefill_s += time.perf_counter() - t0
+        self.prefill_s += self.clock() - t0
 
     def run_tick(self, plan):
         self.ticks.append([])
@@ -230,47 +243,54 @@ class _TimedExecutor(SingleProcessExecutor):
 
 def replay(staged, config: DexConfig, prompts: list[list[int]], max_new_tokens: int,
            warmup: list[int] | None = None) -> dict:
-    """Decode in one process and account for a pipelined tick: its compute is its slowest stage."""
+    """Decode in one process and account for a pipelined tick: its compute is its slowest stage.
+    All seconds are compute seconds (see :func:`_compute_clock`)."""
     decoder = DexDecoder(staged, config)
-    last = decoder.exploration.num_stages - 1
-    ticks, prefill_s, wall, outputs = [], 0.0, 0.0, []
+    last, clock = decoder.exploration.num_stages - 1, _compute_clock(staged.device)
+    ticks, prefill_s, total, outputs = [], 0.0, 0.0, []
     if warmup:
         decoder.generate(warmup, max_new_tokens)
     for ids in prompts:
         executor = _TimedExecutor(staged, decoder.exploration, Sampler(decoder.sampling))
-        out, stats = decoder.generate(ids, max_new_tokens, executor=executor)
+        t0 = clock()
+        outputs.append(decoder.generate(ids, max_new_tokens, executor=executor)[0])
+        total += clock() - t0
         ticks += executor.ticks
         prefill_s += executor.prefill_s
-        wall += stats.wall_s
-        outputs.append(out)
     n = len(ticks)
     compute = sum(max(t for _, _, t in tick) for tick in ticks)
     # The batch of the busiest non-final stage, over the ticks where one runs at all.
     busiest = [b for b in (max((b for s, b, _ in tick if s < last), default=0) for tick in ticks) if b] or [1]
-    bookkeeping = wall - prefill_s - sum(t for tick in ticks for _, _, t in tick)
-    return {"ticks": n, "wall_s": wall, "prefill_s": prefill_s, "compute_per_tick_s": compute / n,
+    bookkeeping = total - prefill_s - sum(t for tick in ticks for _, _, t in tick)
+    return {"ticks": n, "compute_s": total, "prefill_s": prefill_s, "compute_per_tick_s": compute / n,
             "several_stages_fraction": sum(len(tick) > 1 for tick in ticks) / n,
             "bookkeeping_per_tick_s": bookkeeping / n, "mean_batch_busiest_stage": statistics.fmean(busiest),
             "max_batch": max(busiest), "outputs": outputs}
 
 
-def tick_model(stage_s: dict, replays: dict, runs: dict, num_prompts: int) -> dict:
-    """Predicted vs measured seconds per tick for ``'ar'``/``'dex'``, and where the difference goes."""
+def tick_model(stage_s: dict, together: dict | None, replays: dict, runs: dict, num_prompts: int) -> dict:
+    """Predicted vs measured seconds per tick for ``'ar'``/``'dex'``, and where the difference goes.
+
+    Compute, bookkeeping and prefill come from the replay; the rest of a measured tick is
+    communication, synchronisation and waiting for a core. The last is estimated apart by scaling the
+    compute with the wall/compute ratio of the stage probes: alone (other jobs on the machine) and,
+    for the ticks where several ranks compute, together (a snapshot: on a busy machine it is rough)."""
     predicted = {"ar": statistics.fmean(stage_s["ar"]), "dex": max(stage_s["dex"])}
-    together = max(stage_s["dex_together"]) if stage_s.get("dex_together") else predicted["dex"]
+    alone = stage_s["wall_over_compute"]
     out = {}
     for mode in ("ar", "dex"):
         run, rep = runs[mode], replays[mode]
+        several = rep["several_stages_fraction"] if together else 0.0
+        factor = (1 - several) * alone + several * (together["wall_over_compute"] if together else alone)
         # The pipelined prefill runs the stages one after another: about the single-process prefill.
-        without_prefill = (run["wall_s"] - rep["prefill_s"]) / run["ticks"] if run["ticks"] else 0.0
-        # Ranks slow each other down only in ticks where several compute, and only on shared cores.
-        sharing = rep["several_stages_fraction"] * max(0.0, together - predicted["dex"])
+        prefill = rep["prefill_s"] * alone
+        without_prefill = (run["wall_s"] - prefill) / run["ticks"] if run["ticks"] else 0.0
+        waiting = rep["compute_per_tick_s"] * max(0.0, factor - 1)
         out[mode] = {"measured_s": run["per_tick_s"], "measured_without_prefill_s": without_prefill,
                      "predicted_s": predicted[mode], "measured_over_predicted": run["per_tick_s"] / predicted[mode],
                      "replay_compute_s": rep["compute_per_tick_s"], "bookkeeping_s": rep["bookkeeping_per_tick_s"],
-                     "core_sharing_s": sharing, "prefill_per_prompt_s": rep["prefill_s"] / num_prompts,
-                     "communication_and_sync_s": without_prefill - rep["compute_per_tick_s"]
-                     - rep["bookkeeping_per_tick_s"] - sharing}
+                     "prefill_per_prompt_s": prefill / num_prompts, "waiting_for_cores_s": waiting,
+                     "rest_s": without_prefill - rep["compute_per_tick_s"] - rep["bookkeeping_per_tick_s"]}
     return out
 
 
@@ -311,14 +331,16 @@ def pipeline_markdown(result: dict) -> str:
     rows = [("measured (wall / ticks)", "measured_s"), ("measured, prefill removed", "measured_without_prefill_s"),
             ("tick model: one stage forward", "predicted_s"), ("replay: slowest stage of the tick", "replay_compute_s"),
             ("replay: lattice + executor bookkeeping", "bookkeeping_s"),
-            ("ranks sharing CPU cores (ticks where several compute)", "core_sharing_s"),
-            ("rest: communication + all_gather sync", "communication_and_sync_s")]
+            ("rest: communication, all_gather sync, waiting for a CPU core", "rest_s"),
+            ("  of which waiting for a core (estimate from the stage probes)", "waiting_for_cores_s")]
     lines += [f"| {label} | {1e3 * tm['ar'][k]:.2f} | {1e3 * tm['dex'][k]:.2f} |" for label, k in rows]
-    st = result["stage_s"]
+    st, tog = result["stage_s"], result["stages_together"]
     lines += ["", f"Tick model at context {c['context']} tokens, DEX batch {c['typical_batch']} (mean busiest-stage "
-                  f"batch in the replay): stage forwards (ms) AR {_ms(st['ar'])}, DEX {_ms(st['dex'])}, DEX with "
-                  f"all ranks computing at once {_ms(st['dex_together'] or [])}; prefill "
-                  f"{1e3 * tm['ar']['prefill_per_prompt_s']:.1f} ms per prompt.", ""]
+                  f"batch in the replay). Compute per stage forward (ms): AR {_ms(st['ar'])}, DEX {_ms(st['dex'])}; "
+                  f"wall/compute {st['wall_over_compute']:.2f} alone"
+                  + (f", {tog['wall_over_compute']:.2f} with all ranks computing at once (wall {_ms(tog['wall'])})"
+                     if tog else "") + f"; prefill {1e3 * tm['ar']['prefill_per_prompt_s']:.1f} ms per prompt. "
+                  "Compute seconds are CPU time of the computing thread (GPU: synchronised wall time).", ""]
     return "\n".join(lines)
 
 
@@ -361,7 +383,7 @@ def run_pipeline_bench(cfg: PipelineBenchConfig, prompts: list[list[int]], warmu
     progress(f"timing stage forwards (batch 1 and {batch}, context {context})")
     exploration = ExplorationSet.uniform(cfg.explorers, staged.num_layers)
     stage_s = time_stages(staged, exploration, batch, context, cfg.reps)
-    stage_s["dex_together"] = time_stages_together(staged, exploration, batch, context, 5 * cfg.reps)
+    together = time_stages_together(staged, exploration, batch, context, 5 * cfg.reps)
     ar, dex = runs["ar"], runs["dex"]
     lossless = ar["outputs"] == dex["outputs"] == hf["outputs"] == replays["dex"]["outputs"]
     for r in (*runs.values(), hf, *replays.values()):
@@ -371,7 +393,7 @@ def run_pipeline_bench(cfg: PipelineBenchConfig, prompts: list[list[int]], warmu
                    "warmup_prompt_tokens": len(warmup), "context": context, "typical_batch": batch,
                    "exits": list(exploration.exits)},
         "decode_commands": commands, "hf_generate": hf, "runs": runs, "replay": replays, "stage_s": stage_s,
-        "tick_model": tick_model(stage_s, replays, runs, len(prompts)),
+        "stages_together": together, "tick_model": tick_model(stage_s, together, replays, runs, len(prompts)),
         "speedup": {"dex_vs_ar_pipelined": dex["tokens_per_s"] / ar["tokens_per_s"],
                     "dex_vs_hf": dex["tokens_per_s"] / hf["tokens_per_s"],
                     "ar_pipelined_vs_hf": ar["tokens_per_s"] / hf["tokens_per_s"],

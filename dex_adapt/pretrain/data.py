@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .corpus import StdlibSplit, read_source, shuffled, split_stdlib
+from .corpus import StdlibSplit, fingerprint, read_source, shuffled, split_stdlib
 from .tokenizer import EOS_TOKEN, load_tokenizer, train_bpe, wrap_fast
 
 __all__ = ["PreparedData", "prepare_data", "batch_for_step", "num_chunks"]
@@ -74,10 +74,8 @@ def prepare_data(work_dir: Path, *, seed: int, vocab_size: int, context_length: 
         "train_files": len(train_files),
         "heldout_files": len(heldout_files),
         # Fingerprints are over the sorted (unshuffled) lists: they name the data, not the order.
-        "train_fingerprint_sha256": split.train_fingerprint() if not max_train_files
-        else _fp(sorted(train_files)),
-        "heldout_fingerprint_sha256": split.heldout_fingerprint() if not max_heldout_files
-        else _fp(sorted(heldout_files)),
+        "train_fingerprint_sha256": fingerprint(sorted(train_files)),
+        "heldout_fingerprint_sha256": fingerprint(sorted(heldout_files)),
         "train_tokens": int(train.numel()),
         "heldout_tokens": int(heldout.numel()),
         "vocab_size": len(tok),
@@ -89,12 +87,6 @@ def prepare_data(work_dir: Path, *, seed: int, vocab_size: int, context_length: 
     meta_path.write_text(json.dumps(meta, indent=2))
     log(f"data: {meta['train_tokens']} train / {meta['heldout_tokens']} held-out tokens")
     return PreparedData(train.long(), heldout.long(), tok, meta)
-
-
-def _fp(paths) -> str:
-    from .corpus import fingerprint
-
-    return fingerprint(paths)
 
 
 def num_chunks(stream: torch.Tensor, context_length: int) -> int:

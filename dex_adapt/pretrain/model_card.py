@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["render_card", "write_card"]
+__all__ = ["render_card", "write_card", "eval_command"]
 
 
 def _fmt_int(n) -> str:
@@ -67,8 +67,9 @@ def render_card(name: str, summary: dict, ev: dict | None, table: str | None, co
                             if cfg.get("time_budget_s") else f"{cfg['max_steps']} steps planned"),
         f"- {summary['steps']} steps, **{_fmt_int(summary['tokens_seen'])} tokens seen** "
         f"({summary['epochs']:.2f} epochs) in {summary['train_seconds']:g} s of compute",
-        f"- **training throughput {summary['train_tokens_per_s']:g} tokens/s** (fp32, {cfg['threads']} CPU "
-        "threads on a 2-core machine shared with other jobs, so this is a lower bound)",
+        f"- **training throughput {summary['train_tokens_per_s']:g} tokens/s** (fp32, {cfg['threads']} torch "
+        f"thread{'s' if cfg['threads'] > 1 else ''} on a 2-core machine shared with other jobs, so this is "
+        "a lower bound)",
         f"- final train loss {summary['final_train_loss']:.3f}; held-out loss (fp32 weights, "
         f"{_fmt_int(summary['heldout_tokens_scored'])} tokens) {summary['heldout_loss_fp32']:.3f} "
         f"(perplexity {summary['heldout_ppl_fp32']:.2f})",
@@ -83,7 +84,8 @@ def render_card(name: str, summary: dict, ev: dict | None, table: str | None, co
             "",
             f"- **held-out perplexity {ev['heldout_ppl']:.2f}** over {_fmt_int(ev['heldout_tokens'])} tokens "
             f"({s['n_snippets']} snippets of {s['snippet_chars']} chars from held-out stdlib test files, "
-            f"seed {s['seed']}, each truncated to the context)",
+            f"seed {s['seed']}, each truncated to the context); the training summary's held-out figure above "
+            "is a different sample (the start of the shuffled held-out stream) scored in fp32",
             "",
             "### Per-layer agreement (logit lens)",
             "",
@@ -101,6 +103,13 @@ def render_card(name: str, summary: dict, ev: dict | None, table: str | None, co
         for c in ev["completions"]:
             lines += [f"**{c['task_id']}** (parses: {c['parses']})", "", "```python",
                       (c["prompt"] + c["completion"]).rstrip(), "```", ""]
+        fib = next((c for c in ev["completions"] if c["task_id"] == "fibonacci"), None)
+        if fib is not None and not fib["parses"]:
+            lines += [f"**Limitation:** after {_fmt_int(summary['tokens_seen'])} training tokens the greedy "
+                      "completion of `def fibonacci(n):` is not yet valid Python; the model has learnt "
+                      "Python's surface statistics, not programs. Rerunning the training command with a larger "
+                      "`time_budget_s`/`max_steps` continues from its last checkpoint (the cosine is "
+                      "re-stretched to the new budget).", ""]
     lines += ["## Reproduce", "", "```bash"]
     for what, cmd in commands.items():
         lines += [f"# {what}", cmd]
@@ -108,12 +117,27 @@ def render_card(name: str, summary: dict, ev: dict | None, table: str | None, co
     return "\n".join(lines)
 
 
-def write_card(model_dir: str | Path, commands: dict) -> Path:
+def eval_command(model_dir: str | Path, settings: dict) -> str:
+    """The `train/eval_base.py` command line that reproduces an evaluation with `settings`."""
+    return (f"python train/eval_base.py --model-dir {model_dir} --snippets {settings['n_snippets']} "
+            f"--snippet-chars {settings['snippet_chars']} --humaneval {settings['n_humaneval']} "
+            f"--new-tokens {settings['new_tokens']} --seed {settings['seed']} --write-card")
+
+
+def write_card(model_dir: str | Path, train_config: str | None = None) -> Path:
     """Render `model_dir/README.md` from the JSON records found in `model_dir`."""
     model_dir = Path(model_dir)
     summary = json.loads((model_dir / "training_summary.json").read_text())
     ev_path = model_dir / "depth_agreement.json"
     ev = json.loads(ev_path.read_text()) if ev_path.is_file() else None
+    train_config = train_config or f"configs/pretrain/{model_dir.name}.yaml"
+    commands = {
+        "training, throughput, tokens seen, loss curve, fp32 held-out loss (rerun after a kill to resume)":
+            f"python train/pretrain_base.py --config {train_config}",
+    }
+    if ev is not None:
+        commands["held-out perplexity, agreement table, completions, this card"] = eval_command(
+            model_dir, ev["settings"])
     table = (model_dir / "depth_agreement.md").read_text() if (model_dir / "depth_agreement.md").is_file() else None
     path = model_dir / "README.md"
     path.write_text(render_card(model_dir.name, summary, ev, table, commands))

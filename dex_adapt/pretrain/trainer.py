@@ -103,7 +103,14 @@ def plot_loss(rows: list[dict], png: Path, title: str, heldout: float | None = N
 
     fig, ax = plt.subplots(figsize=(7, 4))
     toks = [int(r["tokens"]) / 1e6 for r in rows]
-    ax.plot(toks, [float(r["loss"]) for r in rows], lw=0.8, label="train loss")
+    losses = [float(r["loss"]) for r in rows]
+    ax.plot(toks, losses, lw=0.6, alpha=0.4, label="train loss (per step)")
+    # Batches of 1-2 files make per-step loss noisy; an EMA shows the trend.
+    ema, smooth = losses[0] if losses else 0.0, []
+    for x in losses:
+        ema = 0.95 * ema + 0.05 * x
+        smooth.append(ema)
+    ax.plot(toks, smooth, lw=1.5, color="C0", label="train loss (EMA 0.95)")
     if heldout is not None and toks:
         ax.axhline(heldout, color="C1", ls="--", label=f"held-out loss {heldout:.3f}")
     ax.set_xlabel("training tokens seen (millions)")
