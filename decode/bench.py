@@ -9,6 +9,11 @@ Commands::
     # the shipped model on HumanEval (lens; add --adapters checkpoints/dexcoder-16l-dex for both)
     python decode/bench.py --model checkpoints/dexcoder-16l --num-prompts 8 --max-new-tokens 48 \\
         --explorers 2,4,8,16 --threads 2 --out results/dexcoder-16l
+    # adapters only (same prompts and settings), then one table and plots with both
+    python decode/bench.py --adapters checkpoints/dexcoder-16l-dex --no-lens --num-prompts 8 \
+        --max-new-tokens 48 --explorers 2,4,8,16 --threads 2 --out results/dexcoder-16l-dex
+    python decode/bench.py --replot results/dexcoder-16l/bench.json results/dexcoder-16l-dex/bench.json \
+        --out results/dexcoder-16l-dex/combined
     # CI / a laptop: tiny prompt set, few settings, well under a minute on a small model
     python decode/bench.py --quick --model /path/to/tiny --prompt-ids 1,2,3 --out /tmp/bench
 
@@ -24,7 +29,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dex_adapt.cli.common import (OneLineParser, positive_int, quiet_libraries, run_with_clean_errors,
+from dex_adapt.cli.common import (CliError, OneLineParser, positive_int, quiet_libraries, run_with_clean_errors,
                                   write_json_atomic)
 from dex_adapt.cli.ead import add_model_args, add_prompt_args, load_model_and_adapters, load_prompt_set
 
@@ -65,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-wall-clock", action="store_true", help="skip the HF generate timings")
     p.add_argument("--no-layerskip-check", action="store_true", help="skip running the self-speculative decoder")
     p.add_argument("--max-branches", type=positive_int, default=256, help="DEX expansion budget")
+    p.add_argument("--no-lens", action="store_true", help="with --adapters: run the adapter exits only (plus AR)")
+    p.add_argument("--replot", nargs="+", metavar="BENCH_JSON",
+                   help="re-write bench.md and the plots into --out from these bench.json files (runs merged; "
+                        "e.g. a lens run and an adapters run); nothing is decoded")
     p.add_argument("--quick", action="store_true", help="tiny prompt set and few settings (< 1 min on a small model)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", help="output directory (default: results/<model-name>)")
@@ -83,7 +92,7 @@ def bench_config(args, num_layers: int):
         decs=(True,) if args.no_decs_off else (True, False), policy_explorers=args.policy_explorers,
         policy_widths=args.policy_widths, layerskip_g=args.layerskip_g, hf_early_exit=args.hf_early_exit,
         wall_clock=not args.no_wall_clock, check_layerskip=not args.no_layerskip_check,
-        max_branches=args.max_branches)
+        max_branches=args.max_branches, lens=not args.no_lens)
     if args.quick:
         divisors = divisor_explorers(num_layers) or (1,)
         config.max_new_tokens = min(config.max_new_tokens, 12)
@@ -96,6 +105,39 @@ def bench_config(args, num_layers: int):
     for n in (*(config.explorers or ()), *(config.policy_explorers or ())):
         ExplorationSet.uniform(n, num_layers)  # one-line error for an N the model cannot split into
     return config
+
+
+def replot(args) -> int:
+    """Merge the runs of several bench.json files (one model) and re-write the table and plots."""
+    import json
+
+    from dex_adapt.report import bench_markdown, plot_bench, plot_ead
+
+    if not args.out:
+        raise CliError("--replot needs --out")
+    benches = []
+    for path in args.replot:
+        if not Path(path).is_file():
+            raise CliError(f"bench file not found: {path}")
+        benches.append(json.loads(Path(path).read_text()))
+    merged = {**benches[0], "runs": [], "ead": {}, "sources": list(args.replot)}
+    seen = set()
+    for bench in benches:
+        if bench["model"] != merged["model"] or bench["prompts"] != merged["prompts"]:
+            raise CliError(f"--replot files must share the model and prompts ({bench['model']} differs)")
+        merged["ead"].update(bench.get("ead", {}))
+        for r in bench["runs"]:
+            key = json.dumps({k: v for k, v in r.items() if k in ("method", "exits", "width", "decs", "adapters",
+                                                                  "k", "g", "policy")}, sort_keys=True)
+            if key not in seen:  # AR and HF appear in every file: keep the first
+                seen.add(key)
+                merged["runs"].append(r)
+    out = Path(args.out)
+    write_json_atomic(str(out / "bench.json"), merged)
+    (out / "bench.md").write_text(bench_markdown(merged))
+    plots = plot_bench(merged, out) + plot_ead(merged["ead"], out, title=f"({merged['model']})")
+    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, " + ", ".join(plots))
+    return 0
 
 
 def run(args) -> int:
@@ -127,7 +169,7 @@ def main(argv=None) -> int:
     quiet_libraries()
     if args.explorers == ():
         raise SystemExit(f"{build_parser().prog}: error: --explorers is empty")
-    return run_with_clean_errors("bench.py", lambda: run(args))
+    return run_with_clean_errors("bench.py", lambda: replot(args) if args.replot else run(args))
 
 
 if __name__ == "__main__":

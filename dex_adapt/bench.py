@@ -66,6 +66,8 @@ class BenchConfig:
     """Run the self-speculative decoder for each set's best (k, g) and check the pure cost."""
     max_branches: int = 256
     """DEX expansion budget (live branches)."""
+    lens: bool = True
+    """Run the logit-lens exits (False with adapters: the adapter runs only, plus AR)."""
 
 
 def divisor_explorers(num_layers: int) -> tuple[int, ...]:
@@ -125,7 +127,7 @@ def run_bench(model, prompts: list[tuple[str, list[int]]], config: BenchConfig, 
     """Everything for one model and prompt set; returns the ``bench.json`` object (less ``model``)."""
     L = model.config.num_hidden_layers
     sets = exploration_sets(config, L)
-    modes = [False] + ([True] if adapters else [])
+    modes = ([False] if config.lens or not adapters else []) + ([True] if adapters else [])
     policy_n = config.policy_explorers
     if policy_n is None:
         policy_n = tuple(sorted({x.num_stages for x in sets if x.exits == ExplorationSet.uniform(x.num_stages, L).exits}))[-2:]
@@ -146,7 +148,7 @@ def run_bench(model, prompts: list[tuple[str, list[int]]], config: BenchConfig, 
     spec_cache: dict = {}
     for mode in modes:
         for x in sets:
-            runs += _tick_baselines(traces, x, mode, config.layerskip_g)
+            runs += _tick_baselines(traces, x, mode, config.layerskip_g, lens=False in modes)
             if config.check_layerskip:
                 _check_best_layerskip(model, traces, x, mode, adapters, runs, spec_cache, bar)
             for width, decs, policy in dex_settings:
@@ -164,17 +166,19 @@ def run_bench(model, prompts: list[tuple[str, list[int]]], config: BenchConfig, 
         "settings": {"max_new_tokens": config.max_new_tokens, "num_layers": L, "threads": torch.get_num_threads(),
                      "device": str(model.device), "dtype": str(model.dtype).replace("torch.", ""),
                      "max_branches": config.max_branches},
-        "ead": {("adapters" if m else "lens"): ead_summary(traces, m) for m in modes},
+        "ead": {("adapters" if m else "lens"): ead_summary(traces, m) for m in sorted({False, *modes})},
         "runs": runs,
     }
 
 
 # ------------------------------------------------------------------ tick-model baselines
-def _tick_baselines(traces: list[PromptTrace], x: ExplorationSet, adapters: bool, gs) -> list[dict]:
+def _tick_baselines(traces: list[PromptTrace], x: ExplorationSet, adapters: bool, gs,
+                    lens: bool = True) -> list[dict]:
+    """AR (once per set: it does not depend on the exits), oracle, bound, single exit, LayerSkip."""
     n, ets = x.num_stages, [exit_trace(t, x, adapters) for t in traces]
     runs = []
-    if not adapters:
-        runs.append(_record("ar", x, adapters, **_cost_fields(B.ar_cost(ets, n), n)))
+    if not adapters or not lens:
+        runs.append(_record("ar", x, False, **_cost_fields(B.ar_cost(ets, n), n)))
     runs.append(_record("oracle", x, adapters, **_cost_fields(B.oracle_cost(ets), n)))
     runs.append(_record("shallowest_match", x, adapters, **_cost_fields(B.shallowest_match_cost(ets), n)))
     single = [_record("single_exit", x, adapters, k=k, exit_depth=x.exits[k], best=False,

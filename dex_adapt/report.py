@@ -200,7 +200,8 @@ def plot_bench(bench: dict, out_dir: str | Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
         for mode in modes:
             series = sorted((len(exits), row) for (exits, m), row in uniform.items() if m == mode)
-            for i, method in enumerate(methods):
+            for method in methods:
+                i = TICK_METHODS.index(method)  # one colour and marker per method across the plots
                 if mode and method == "ar":
                     continue
                 pts = [(n, row[method][field]) for n, row in series if method in row and row[method][field] is not None]
@@ -208,6 +209,10 @@ def plot_bench(bench: dict, out_dir: str | Path) -> list[str]:
                     continue
                 ax.plot(*zip(*pts), marker="os^vDPX*"[i % 8], linestyle="--" if mode else "-", color=f"C{i}",
                         label=f"{LABELS[method]}{' + adapters' if mode else ''}")
+        if field == "headroom_realised":
+            ax.axhline(1.0, color="gray", linewidth=1, linestyle=":", label="= EAD oracle")
+        if field == "stage_forwards_per_token":
+            ax.set_title(f"{bench['model']}: {ylabel}\n(AR and the oracle coincide: N per token)", fontsize=10)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
         ax.set_yscale(yscale)
@@ -215,7 +220,8 @@ def plot_bench(bench: dict, out_dir: str | Path) -> list[str]:
             ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel("explorers N (uniform stages)")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{bench['model']}: {ylabel}")
+        if field != "stage_forwards_per_token":
+            ax.set_title(f"{bench['model']}: {ylabel}")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()

@@ -106,3 +106,15 @@ def test_bench_bad_input_is_one_line(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bench.py: error:") and "explorers" in err[0]
+
+
+def test_replot_merges_runs_without_decoding(quick_bench, tmp_path):
+    _, out = quick_bench
+    again = tmp_path / "replot"
+    assert load_bench_script().main(["--replot", str(out / "bench.json"), str(out / "bench.json"),
+                                     "--out", str(again)]) == 0
+    merged = json.loads((again / "bench.json").read_text())
+    original = json.loads((out / "bench.json").read_text())
+    assert len(merged["runs"]) == len(original["runs"])  # duplicates dropped
+    assert (again / "bench.md").read_text() == (out / "bench.md").read_text()
+    assert (again / "ticks_per_token.png").is_file()

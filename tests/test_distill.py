@@ -136,7 +136,7 @@ def test_deepspeed_zero3_two_cpu_ranks_stop_and_resume(tmp_path, base):
     assert second.returncode == 0, second.stderr[-4000:]
     assert "resumed from" in second.stdout and Path(out, "adapter_model.safetensors").is_file()
 
-@pytest.mark.parametrize("name", ["dexcoder-16l", "qwen3-32b"])
+@pytest.mark.parametrize("name", ["dexcoder-16l", "dexcoder-16l-ee", "qwen3-32b"])
 def test_shipped_configs_load(name):
     from dex_adapt.distill.config import load_config
 

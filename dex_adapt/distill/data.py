@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterable, Iterator
 
 import torch
+from tqdm.auto import tqdm
 
 from .config import DataSection
 
@@ -177,7 +178,8 @@ def _generate(model, tokenizer, prompts: list[str], cfg: DataSection, synced: bo
     torch.manual_seed(cfg.seed * 1000 + rank)
     out: list[list[int]] = []
     bs = cfg.generation_batch_size
-    for b in range(num_batches):  # equal count on every rank: ZeRO-3 generate() must stay in step
+    # The same number of generate() calls on every rank: ZeRO-3 forwards are collective.
+    for b in tqdm(range(num_batches), desc="continuations", disable=rank != 0):
         batch = prompts[b * bs:(b + 1) * bs] or prompts[:1] or ["\n"]
         encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in batch]
         width = max(len(e) for e in encoded)
