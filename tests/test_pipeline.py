@@ -103,14 +103,15 @@ def test_pipeline_matches_single_process_and_plain_decoding(tiny_dir, tmp_path, 
 
 
 @pytest.mark.skipif(not (SHIPPED / "model.safetensors").exists(), reason="shipped model not trained yet")
-def test_pipeline_on_the_shipped_model(tmp_path):
+@pytest.mark.parametrize("explorers", [2, 3])
+def test_pipeline_on_the_shipped_model(tmp_path, explorers):
     out = tmp_path / "out.json"
-    result = _run_pipeline(["--model", str(SHIPPED), "--explorers", "2", "--prompt", "def add(a, b):",
+    result = _run_pipeline(["--model", str(SHIPPED), "--explorers", str(explorers), "--prompt", "def add(a, b):",
                             "--max-new-tokens", "16", "--verify", "--json", str(out)])
     assert result.returncode == 0, result.stderr[-2000:]
     record = json.loads(out.read_text())["prompts"][0]
     model = Qwen3ForCausalLM.from_pretrained(SHIPPED, dtype=torch.float32).eval()
-    ids, stats = DexDecoder(model, DexConfig(explorers=2)).generate(_encode(SHIPPED, "def add(a, b):"), 16)
+    ids, stats = DexDecoder(model, DexConfig(explorers=explorers)).generate(_encode(SHIPPED, "def add(a, b):"), 16)
     assert record["verified"] is True and record["output_ids"] == ids and record["ticks"] == stats.ticks
 
 
