@@ -8,20 +8,17 @@ default. `--set section.key=value` overrides use the same rules (values parsed a
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
 import yaml
 
+from ..config_io import ConfigError, build_dataclass, read_yaml_mapping
+
 __all__ = ["ConfigError", "ModelSection", "AdapterSection", "DataSection", "TrainSection", "HubSection",
            "DistillConfig", "load_config", "config_from_dict", "parse_override"]
-
-
-class ConfigError(ValueError):
-    """A config file that is missing, malformed, or names unknown/wrongly-typed fields."""
 
 
 @dataclass
@@ -181,39 +178,6 @@ class DistillConfig:
 
 
 # ----------------------------------------------------------------------------- loading
-def _type_ok(hint, value) -> bool:
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        return any(_type_ok(arg, value) for arg in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        return isinstance(value, list) and all(_type_ok(item, v) for v in value)
-    if isinstance(value, bool):  # bool is an int subclass; YAML `true` for an int is a mistake
-        return hint is bool
-    if hint is float:
-        return isinstance(value, (int, float))
-    return isinstance(value, hint)
-
-
-def _section(cls, data, where: str):
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: must be a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {names}")
-    for key, value in data.items():
-        if not _type_ok(hints[key], value):
-            want = getattr(hints[key], "__name__", str(hints[key]).replace("typing.", ""))
-            raise ConfigError(f"{where}.{key} wants {want}, got {type(value).__name__} {value!r}")
-    return cls(**{k: (float(v) if hints[k] is float else v) for k, v in data.items()})
-
-
 def config_from_dict(data: dict, source: str = "<dict>") -> DistillConfig:
     """Build a `DistillConfig`, rejecting unknown sections/keys and wrongly-typed values."""
     if not isinstance(data, dict):
@@ -223,7 +187,7 @@ def config_from_dict(data: dict, source: str = "<dict>") -> DistillConfig:
     if unknown:
         raise ConfigError(f"{source}: unknown section(s) {unknown}; known: {sorted(sections)}")
     try:
-        return DistillConfig(**{name: _section(cls, data.get(name), f"{source}: {name}")
+        return DistillConfig(**{name: build_dataclass(cls, data.get(name), source, name)
                                 for name, cls in sections.items()})
     except ConfigError as e:
         msg = str(e)
@@ -245,15 +209,7 @@ def parse_override(text: str) -> tuple[str, str, object]:
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> DistillConfig:
     """Read a YAML config file, apply `section.key=value` overrides, validate."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
+    data = read_yaml_mapping(path)
     for text in overrides or []:
         section, key, value = parse_override(text)
         if not isinstance(data.setdefault(section, {}), dict):

@@ -10,13 +10,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from ..config_io import ConfigError, build_dataclass, read_yaml_mapping
 
 __all__ = ["ConfigError", "PretrainConfig", "load_config"]
-
-
-class ConfigError(ValueError):
-    """A config file that is missing, malformed, or names unknown/wrongly-typed fields."""
 
 
 @dataclass
@@ -119,47 +115,20 @@ class PretrainConfig:
         return self.batch_size * self.context_length
 
 
-_TYPES = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
-
-
-def _check_type(name: str, want: type, value) -> None:
-    ok = _TYPES[want]
-    # bool is an int subclass; a YAML `true` for an int field is a mistake, not a 1.
-    if isinstance(value, bool) and want is not bool:
-        ok = ()
-    if not isinstance(value, ok):
-        raise ConfigError(f"field '{name}' wants {want.__name__}, got {type(value).__name__} {value!r}")
-
-
 def config_from_dict(data: dict, source: str = "<dict>") -> PretrainConfig:
     """Build a `PretrainConfig`, rejecting unknown keys and wrongly-typed values."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(PretrainConfig)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(fields)}")
-    hints = {"bool": bool, "int": int, "float": float, "str": str}
-    for k, v in data.items():
-        _check_type(k, hints[fields[k].type], v)
-    kwargs = {k: (float(v) if fields[k].type == "float" else v) for k, v in data.items()}
     try:
-        return PretrainConfig(**kwargs)
+        return build_dataclass(PretrainConfig, data, source)
     except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
 
 
 def load_config(path: str | Path, overrides: dict | None = None) -> PretrainConfig:
     """Read a YAML config file, apply `overrides` (same key/type rules), validate."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
+    data = read_yaml_mapping(path)
     data.update(overrides or {})
     return config_from_dict(data, source=str(path))
 
