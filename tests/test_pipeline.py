@@ -163,3 +163,25 @@ def _is_our_child(pid: str, marker: str) -> bool:
         return marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
+
+
+_HEARTBEAT_EXIT = """
+import sys, time
+import torch.distributed as dist
+from dex_adapt.pipeline.dist import DistContext, Heartbeat
+dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", 0, 1, is_master=True), rank=0, world_size=1)
+heartbeat = Heartbeat(DistContext(0, 1, 0), interval_s=0.0)  # always inside a store call
+time.sleep(0.3)
+heartbeat.stop()
+assert not heartbeat._thread.is_alive()
+dist.destroy_process_group()
+"""
+
+
+def test_stopped_heartbeat_lets_the_process_exit_cleanly():
+    # A heartbeat thread still inside a store call at interpreter exit aborts the process
+    # ("terminate called without an active exception", exit 134, every time without the join);
+    # stop() must join it.
+    result = subprocess.run([sys.executable, "-c", _HEARTBEAT_EXIT], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-1000:]

@@ -214,6 +214,7 @@ def execute_pipelined(args, job: Job, ctx) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = ctx.device if args.device == "cuda" else torch.device("cpu")
+    heartbeat = None
     try:
         init(ctx, args.fault_timeout)
         heartbeat = Heartbeat(ctx)
@@ -243,6 +244,8 @@ def execute_pipelined(args, job: Job, ctx) -> int:
         print(f"dex-decode: rank {ctx.rank}: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         os._exit(3)
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         shutdown()
 
 

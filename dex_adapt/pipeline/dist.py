@@ -99,8 +99,15 @@ class Heartbeat:
             self._stop.wait(self.interval_s)
 
     def stop(self) -> None:
+        """Stop stamping and join the thread.
+
+        Must run before the interpreter exits: a daemon thread caught inside a store call at
+        finalisation is unwound by ``pthread_exit`` through C++ frames, which aborts the process
+        ("terminate called without an active exception").
+        """
         if self.store is not None:
             self._stop.set()
+            self._thread.join(timeout=10 * self.interval_s + 30)
 
     def culprit(self) -> str:
         """Describe the peer that stopped (best effort, takes a few heartbeat intervals)."""
