@@ -229,7 +229,7 @@ def _check_best_layerskip(model, traces, x, adapters, adapter_modules, runs, cac
 def _dex_run(model, traces, x, adapters, adapter_modules, width, decs, policy, config, bar) -> dict:
     from .decoder import DexConfig, DexDecoder
 
-    cfg = DexConfig(exits=x.exits, width=width, decs=decs, policy=policy or "confidence",
+    cfg = DexConfig(exits=x.exits, width=width, decs=decs, policy=policy or DexConfig.policy,
                     max_branches=config.max_branches)
     decoder = DexDecoder(model, cfg, adapters=adapter_modules if adapters else None)
     ticks = committed = forwards = max_live = 0

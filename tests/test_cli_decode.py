@@ -108,7 +108,7 @@ def test_issue_command_writes_the_schema(dirs, tmp_path, capsys):
     assert out.strip() == ",".join(map(str, r["output_ids"]))  # no tokenizer: ids on stdout
     c = doc["config"]
     assert c["exits"] == [1, 2, 3, 4] and c["model"] == dirs["plain"] and c["adapters"] is None
-    assert (c["width"], c["decs"], c["policy"], c["max_branches"]) == (None, True, "confidence", 256)
+    assert (c["width"], c["decs"], c["policy"], c["max_branches"]) == (None, True, "fifo", 256)
     assert (c["temperature"], c["top_k"], c["top_p"], c["seed"]) == (0.0, None, None, 0)
     assert (c["max_new_tokens"], c["dtype"], c["device"]) == (12, "float32", "cpu")
     assert doc["summary"]["verified"] is True
@@ -118,7 +118,7 @@ def test_issue_command_writes_the_schema(dirs, tmp_path, capsys):
 def test_repeated_prompt_ids_and_options(dirs, tmp_path, capsys):
     out_json = tmp_path / "sub" / "out.json"
     prompts = [[1, 2, 3], [7], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11]]
-    argv = ["--model", dirs["plain"], "--exits", "1,3,4", "--width", 2, "--no-decs", "--policy", "fifo",
+    argv = ["--model", dirs["plain"], "--exits", "1,3,4", "--width", 2, "--no-decs", "--policy", "confidence",
             "--max-branches", 5, "--max-new-tokens", 8, "--json", out_json]
     for p in prompts:
         argv += ["--prompt-ids", ",".join(map(str, p))]
@@ -132,7 +132,7 @@ def test_repeated_prompt_ids_and_options(dirs, tmp_path, capsys):
     assert out.splitlines() == [",".join(map(str, r["output_ids"])) for r in doc["prompts"]]
     assert "prompts" in err  # progress bar on stderr for a multi-prompt run
     c = doc["config"]
-    assert (c["exits"], c["width"], c["decs"], c["policy"], c["max_branches"]) == ([1, 3, 4], 2, False, "fifo", 5)
+    assert (c["exits"], c["width"], c["decs"], c["policy"], c["max_branches"]) == ([1, 3, 4], 2, False, "confidence", 5)
 
 
 def test_sampling_with_verify(dirs, tmp_path, capsys):

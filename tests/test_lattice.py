@@ -43,7 +43,7 @@ def pick(task, exit_index, right, same_wrong=False, truth_second=False):
         k += 1
 
 
-def run_scripted(N, right, T, *, width=None, decs=True, policy="confidence", max_branches=256,
+def run_scripted(N, right, T, *, width=None, decs=True, policy="fifo", max_branches=256,
                  same_wrong=False, truth_second=False, check=None):
     lattice = Lattice(N, width=width, decs=decs, policy=policy, max_branches=max_branches)
     lattice.start(position=0, token=truth(0), limit_position=T)
@@ -86,6 +86,34 @@ def test_never_right_costs_n_ticks_per_token(N, decs):
     stats = run_scripted(N, lambda p, i: False, T, decs=decs)
     assert stats.ticks == N * T
     assert stats.fallbacks == T - 1  # the last commit has nothing left to fall back to
+
+
+def test_a_proposal_refused_for_budget_stays_proposable():
+    """DECS masks only tokens that got a child: a candidate the full budget refused can be proposed
+    again by a deeper exit (masking it made the right continuation unreachable: a fallback)."""
+    lattice = Lattice(4, max_branches=2)
+    lattice.start(0, 10)
+    (anchor,) = lattice.plan().stages[0]
+    lattice.apply({anchor.branch: Proposal(11, 0.9)}, None)  # child 11 spawned: the budget is full
+    plan = lattice.plan()
+    lattice.apply({t.branch: Proposal(12 if t.is_anchor else 20, 0.5) for s in plan.stages[:3] for t in s}, None)
+    assert sorted(b.token for b in lattice.live.values()) == [10, 11], "12 and 20 refused: no room"
+    plan = lattice.plan()
+    (task,) = [t for t in plan.stages[2] if t.is_anchor]
+    assert task.exclude == (11,)  # 12 was refused, not spawned: exit 2 may propose it again
+
+
+@pytest.mark.parametrize("N,budget", [(8, 9), (8, 16), (16, 17), (16, 64)])
+def test_a_full_budget_still_keeps_the_right_continuation(N, budget):
+    """Exit 0 is always right; with DECS every deeper exit adds an unlikely hedge that soon fills
+    the budget. The right child may be refused when proposed, but a deeper exit proposes it again,
+    so no commit falls back (with refused tokens masked: 3-6 fallbacks here, 89 ticks at N = 8,
+    B = 9 against 55 now and 47 unbounded)."""
+    T = 40
+    stats = run_scripted(N, lambda p, i: True, T, max_branches=budget, check=_invariants)
+    assert stats.max_live == budget, "the budget must actually bind in this scenario"
+    assert stats.fallbacks == 0
+    assert stats.ticks < N * T
 
 
 @pytest.mark.parametrize("N,i", [(2, 0), (4, 1), (4, 2), (8, 5), (8, 6)])

@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--exits", help="explicit exit depths, e.g. 4,8,12,16 (the last is the number of layers)")
     p.add_argument("--width", type=positive_int, help="max branches per explorer per tick (default: unbounded)")
     p.add_argument("--no-decs", action="store_true", help="turn off depth-coupled sampling of exit candidates")
-    p.add_argument("--policy", choices=("confidence", "fifo"), default="confidence",
-                   help="admission order after the anchor when more than --width branches wait")
+    p.add_argument("--policy", choices=("fifo", "confidence"), default="fifo",
+                   help="admission order after the anchor when more than --width branches wait: fifo (oldest "
+                        "first, default) or confidence (highest path probability first)")
     p.add_argument("--max-branches", type=positive_int, default=256, help="expansion budget: live branches")
     src = p.add_argument_group("prompts (one decode per prompt; repeat --prompt/--prompt-ids)")
     src.add_argument("--prompt", action="append", default=[], help="prompt text")
