@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from dex_adapt.bench import METHODS, RUN_FIELDS, BenchConfig, default_nonuniform, divisor_explorers, exploration_sets
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_bench_script():
-    spec = importlib.util.spec_from_file_location("bench_script", ROOT / "decode" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from scripts import load_script
 
 
 def test_sweep_sets():
@@ -41,7 +31,7 @@ def quick_bench(tmp_path_factory):
             layer.self_attn.o_proj.weight.mul_(0.1)
     model.save_pretrained(root / "tiny")
     out = root / "out"
-    rc = load_bench_script().main(["--quick", "--model", str(root / "tiny"), "--prompt-ids", "3,17,42,8",
+    rc = load_script("decode/bench.py").main(["--quick", "--model", str(root / "tiny"), "--prompt-ids", "3,17,42,8",
                                    "--prompt-ids", "5,6", "--max-new-tokens", "8", "--no-progress",
                                    "--out", str(out)])
     return rc, out
@@ -101,7 +91,7 @@ def test_bench_bad_input_is_one_line(tmp_path, capsys):
     from tiny_models import TinySpec, build_model
 
     build_model(TinySpec("qwen3", layers=4, hidden=32, vocab=64)).save_pretrained(tmp_path / "m")
-    rc = load_bench_script().main(["--model", str(tmp_path / "m"), "--prompt-ids", "1,2", "--explorers", "5",
+    rc = load_script("decode/bench.py").main(["--model", str(tmp_path / "m"), "--prompt-ids", "1,2", "--explorers", "5",
                                    "--out", str(tmp_path / "o")])
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -111,7 +101,7 @@ def test_bench_bad_input_is_one_line(tmp_path, capsys):
 def test_replot_merges_runs_without_decoding(quick_bench, tmp_path):
     _, out = quick_bench
     again = tmp_path / "replot"
-    assert load_bench_script().main(["--replot", str(out / "bench.json"), str(out / "bench.json"),
+    assert load_script("decode/bench.py").main(["--replot", str(out / "bench.json"), str(out / "bench.json"),
                                      "--out", str(again)]) == 0
     merged = json.loads((again / "bench.json").read_text())
     original = json.loads((out / "bench.json").read_text())

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from dex_adapt.pipeline.bench import PipelineBenchConfig, decode_argv, summarise_decode
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_pipeline_script", ROOT / "decode" / "bench_pipeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from scripts import load_script
 
 
 def test_ar_is_dex_with_a_budget_of_one_branch():
@@ -48,7 +38,7 @@ def tiny_model_dir(tmp_path_factory):
 
 
 def test_print_commands_and_bad_input(tiny_model_dir, capsys):
-    script = load_script()
+    script = load_script("decode/bench_pipeline.py")
     assert script.main(["--quick", "--model", tiny_model_dir, "--print-commands"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("dex-decode --model") for line in lines)
@@ -113,19 +103,19 @@ def test_benchmark_from_records_of_runs_made_elsewhere(tiny_model_dir, tmp_path)
             "--ar-json", str(tmp_path / "ar.json"), "--dex-json", str(tmp_path / "dex.json")]
     for ids in PROMPTS:
         argv += ["--prompt-ids", ",".join(map(str, ids))]
-    assert load_script().main(argv) == 0
+    assert load_script("decode/bench_pipeline.py").main(argv) == 0
     check_result(json.loads((out / "pipeline.json").read_text()), (out / "pipeline.md").read_text(),
                  [len(p) for p in PROMPTS])
     bad = dict(_decode_record(tiny_model_dir, 1))
     bad["prompts"] = bad["prompts"][1:]  # no warm-up prompt: refused
     (tmp_path / "ar.json").write_text(json.dumps(bad))
-    assert load_script().main(argv) == 2
+    assert load_script("decode/bench_pipeline.py").main(argv) == 2
 
 
 @pytest.mark.slow  # two pipelined launches of 2 processes each: 60-100 s on the shared 2-core machine
 def test_quick_benchmark_launches_both_pipelines(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
-    assert load_script().main(["--quick", "--model", tiny_model_dir, "--out", str(out)]) == 0
+    assert load_script("decode/bench_pipeline.py").main(["--quick", "--model", tiny_model_dir, "--out", str(out)]) == 0
     result = json.loads((out / "pipeline.json").read_text())
     assert result["config"]["num_prompts"] == 2
     check_result(result, (out / "pipeline.md").read_text(), result["config"]["prompt_tokens"])

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from dex_adapt.cli.common import run_with_clean_errors  # noqa: E402
 from dex_adapt.pretrain.evaluate import evaluate  # noqa: E402
 from dex_adapt.pretrain.model_card import write_card  # noqa: E402
 
@@ -42,7 +43,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model_dir = Path(args.model_dir)
-    try:
+
+    def run() -> int:
         if not args.card_only:
             ev = evaluate(model_dir, n_snippets=args.snippets, snippet_chars=args.snippet_chars,
                           n_humaneval=args.humaneval, new_tokens=args.new_tokens, seed=args.seed,
@@ -53,10 +55,9 @@ def main(argv=None) -> int:
             (model_dir / "depth_agreement.md").write_text(table + "\n")
         if args.write_card or args.card_only:
             print(f"wrote {write_card(model_dir, args.train_config)}")
-    except (FileNotFoundError, ValueError, OSError) as e:
-        print(f"eval_base: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return run_with_clean_errors("eval_base", run)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dex_adapt.pretrain import ConfigError, load_config, train  # noqa: E402
+from dex_adapt.cli.common import run_with_clean_errors  # noqa: E402
+from dex_adapt.pretrain import load_config, train  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -36,13 +37,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     overrides = {k: v for k, v in (("max_steps", args.max_steps), ("out_dir", args.out_dir),
                                    ("work_dir", args.work_dir)) if v is not None}
-    try:
-        cfg = load_config(args.config, overrides)
-        train(cfg, log=lambda m: print(m, flush=True))
-    except (ConfigError, FileNotFoundError, ValueError) as e:
-        print(f"pretrain_base: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    def run() -> int:
+        train(load_config(args.config, overrides), log=lambda m: print(m, flush=True))
+        return 0
+
+    return run_with_clean_errors("pretrain_base", run)
 
 
 if __name__ == "__main__":

@@ -59,10 +59,11 @@ def write_json_atomic(path: str, obj) -> None:
 
 
 def run_with_clean_errors(prog: str, fn) -> int:
-    """Run ``fn``; bad input (CliError, missing files, invalid values) becomes one line + exit 2."""
+    """Run ``fn``; bad input (CliError, missing or unreadable files, invalid values) becomes one
+    line + exit 2."""
     try:
         return fn()
-    except (CliError, FileNotFoundError, NotADirectoryError, ValueError) as e:
+    except (CliError, OSError, ValueError) as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)
         return USAGE_ERROR
