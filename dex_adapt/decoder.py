@@ -48,7 +48,7 @@ class DexConfig:
     """Depth-coupled sampling of exit candidates."""
     policy: str = "fifo"
     """Admission order after the anchor when more than ``width`` wait: fifo | confidence (fifo won
-    12 of 16 narrow-width settings on the shipped models, see results/README.md)."""
+    14 of 16 narrow-width settings on the shipped models, see results/README.md)."""
     max_branches: int = 256
     """Expansion budget: live branches at once."""
 

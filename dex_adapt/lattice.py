@@ -99,7 +99,7 @@ class Lattice:
         width: at most this many branches per stage per tick (None: unbounded).
         decs: depth-coupled sampling; when off, duplicates are still never spawned.
         policy: admission order after the anchor: ``"fifo"`` (spawn order, the default: it won
-            12 of 16 narrow-width settings on the shipped models) or ``"confidence"`` (path score).
+            14 of 16 narrow-width settings on the shipped models) or ``"confidence"`` (path score).
         max_branches: expansion budget, live branches including the anchor. When full, a new
             child replaces the least likely leaf (lowest path score, any stage) if it scores
             higher, otherwise it is not spawned. Speculation never affects the output, only the cost.
