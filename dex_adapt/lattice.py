@@ -38,7 +38,7 @@ class Branch:
     score: float  # product of exit confidences along the speculative path (anchor: 1.0)
     stage: int = 0  # next stage to run == number of stages done
     children: dict[int, Branch] = field(default_factory=dict)  # token -> child
-    proposed: list[int] = field(default_factory=list)  # slot chain: exit i's candidate at index i
+    proposed: list[int] = field(default_factory=list)  # exit i's candidate at index i; -1: none or refused
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,9 @@ class Lattice:
         policy: admission order after the anchor: ``"fifo"`` (spawn order, the default: it won
             14 of 16 narrow-width settings on the shipped models) or ``"confidence"`` (path score).
         max_branches: expansion budget, live branches including the anchor. When full, a new
-            child replaces the least likely leaf (lowest path score, any stage) if it scores
-            higher, otherwise it is not spawned. Speculation never affects the output, only the cost.
+            child replaces the lowest-scoring leaf that has not run yet if it scores higher,
+            otherwise it is not spawned (and DECS does not mask it: a deeper exit may propose it
+            again). Speculation never affects the output, only the cost.
     """
 
     def __init__(
@@ -237,11 +238,10 @@ class Lattice:
         self._new_branch(position, token, parent=branch, origin_exit=exit_index, score=score)
 
     def _evict_for(self, score: float, discarded: list[int]) -> bool:
-        """Drop the least likely leaf, whatever stage it has reached, if it scores below ``score``.
+        """Drop the lowest-scoring leaf that has not run yet, if it scores below ``score``.
 
-        A leaf's path score bounds its descendants', so this frees the least likely speculation.
-        Leaves that have already run some stages count too: once the budget is full almost every
-        branch has, and sparing them made a full lattice refuse even the anchor's likeliest child.
+        Leaves that have run some stages are kept: evicting the least likely leaf at any stage
+        threw away half-run chains and cost more ticks on the shipped models (results/README.md).
         """
         victims = [b for b in self.live.values() if b.stage == 0 and not b.children and b is not self.anchor]
         if not victims:
