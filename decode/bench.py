@@ -51,8 +51,7 @@ def _ints(text: str, allow_inf: bool = False) -> tuple:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="bench.py", description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = OneLineParser.from_doc("bench.py", __doc__)
     add_model_args(p)
     add_prompt_args(p, default_count=8)
     p.add_argument("--max-new-tokens", type=positive_int, default=48)

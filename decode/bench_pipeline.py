@@ -54,8 +54,7 @@ WARMUP_TOKENS = 8  # the warm-up prompt: the first prompt's first tokens
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="bench_pipeline.py", description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = OneLineParser.from_doc("bench_pipeline.py", __doc__)
     p.add_argument("--model", help="base model directory (default: the adapters' base, else the shipped model)")
     p.add_argument("--adapters", help="inducing-adapter checkpoint for the DEX run (default: the logit lens)")
     p.add_argument("--explorers", type=positive_int, default=2, help="N stages = processes (default 2)")

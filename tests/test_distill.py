@@ -96,15 +96,21 @@ def test_config_errors_are_one_line(tmp_path, base, capsys):
     assert capsys.readouterr().err.startswith("error: ")
 
 
+def two_rank_launch(accelerate_config: str, config: str) -> tuple[list[str], dict]:
+    """`accelerate launch` of train/distill.py on 2 CPU ranks (DeepSpeed's CPU accelerator, gloo)."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch",
+           "--config_file", str(ROOT / f"configs/accelerate/{accelerate_config}.yaml"), "--num_processes", "2",
+           "--mixed_precision", "no", str(ROOT / "train/distill.py"), "--config", config, "--set", "train.threads=1"]
+    return cmd, env
+
+
 @pytest.mark.slow  # ~70 s on 2 shared CPU cores: two ranks each import torch+transformers+deepspeed
 def test_deepspeed_zero2_two_cpu_ranks(tmp_path, base):
     """`accelerate launch` starts 2 CPU ranks; DeepSpeed's CPU accelerator runs ZeRO-2 over gloo."""
     out = str(tmp_path / "z2")
     config = tiny_config(str(tmp_path), base, out, steps=8, exits_per_step=2)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch",
-           "--config_file", str(ROOT / "configs/accelerate/zero2.yaml"), "--num_processes", "2",
-           "--mixed_precision", "no", str(ROOT / "train/distill.py"), "--config", config, "--set", "train.threads=1"]
+    cmd, env = two_rank_launch("zero2", config)
     start = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -120,10 +126,7 @@ def test_deepspeed_zero3_two_cpu_ranks_stop_and_resume(tmp_path, base):
     """ZeRO-3 (frozen base sharded at load) saves only adapter state, and resumes from it."""
     out = str(tmp_path / "z3")
     config = tiny_config(str(tmp_path), base, out, steps=8, exits_per_step=2)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch",
-           "--config_file", str(ROOT / "configs/accelerate/zero3.yaml"), "--num_processes", "2",
-           "--mixed_precision", "no", str(ROOT / "train/distill.py"), "--config", config, "--set", "train.threads=1"]
+    cmd, env = two_rank_launch("zero3", config)
     first = subprocess.run(cmd + ["--set", "train.stop_after=4"], cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=600)
     assert first.returncode == 0, first.stderr[-4000:]

@@ -26,6 +26,13 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
 
+    @classmethod
+    def from_doc(cls, prog: str, doc: str) -> "OneLineParser":
+        """A parser whose description is the docstring's first paragraph and whose epilog (shown
+        as written) is the rest: the entry point's docstring is its ``--help``."""
+        summary, rest = doc.split("\n\n", 1)
+        return cls(prog=prog, description=summary, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=rest)
+
 
 def positive_int(text: str) -> int:
     try:

@@ -30,8 +30,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="dex-decode", description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = OneLineParser.from_doc("dex-decode", __doc__)
     p.add_argument("--model", help="base model directory (default: the adapters' base, else the shipped model)")
     p.add_argument("--adapters", help="inducing-adapter checkpoint (PEFT directory); its base is the default model")
     x = p.add_mutually_exclusive_group()

@@ -126,8 +126,7 @@ def load_model_and_adapters(args):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="dex-ead", description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = OneLineParser.from_doc("dex-ead", __doc__)
     add_model_args(p)
     add_prompt_args(p, default_count=20)
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
