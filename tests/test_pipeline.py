@@ -76,10 +76,19 @@ def _single_process(model_dir, exits, prompts, sampling, max_new):
     return [decoder.generate(p, max_new) for p in prompts]
 
 
-@pytest.mark.parametrize("exits,sampling", [
-    ((3, 6), SamplingConfig()),
-    ((1, 4, 6), SamplingConfig(temperature=0.8, top_k=40, top_p=0.95, seed=5)),
-])
+GREEDY = SamplingConfig()
+SAMPLED = SamplingConfig(temperature=0.8, top_k=40, top_p=0.95, seed=5)
+
+
+def _sampling_args(sampling: SamplingConfig) -> list[str]:
+    if sampling.greedy:
+        return []
+    return ["--temperature", str(sampling.temperature), "--top-k", str(sampling.top_k),
+            "--top-p", str(sampling.top_p), "--seed", str(sampling.seed)]
+
+
+@pytest.mark.parametrize("exits", [(3, 6), (1, 4, 6)], ids=["N2", "N3"])
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_pipeline_matches_single_process_and_plain_decoding(tiny_dir, tmp_path, exits, sampling):
     prompts = [[1, 2, 3], [7], [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11]]
     out = tmp_path / "out.json"
@@ -87,10 +96,7 @@ def test_pipeline_matches_single_process_and_plain_decoding(tiny_dir, tmp_path, 
             "--verify", "--json", str(out), "--fault-timeout", "60"]
     for p in prompts:
         args += ["--prompt-ids", ",".join(map(str, p))]
-    if not sampling.greedy:
-        args += ["--temperature", str(sampling.temperature), "--top-k", str(sampling.top_k),
-                 "--top-p", str(sampling.top_p), "--seed", str(sampling.seed)]
-    result = _run_pipeline(args)
+    result = _run_pipeline(args + _sampling_args(sampling))
     assert result.returncode == 0, result.stderr[-2000:]
     records = json.loads(out.read_text())["prompts"]
     expected = _single_process(tiny_dir, exits, prompts, sampling, 24)
@@ -103,15 +109,17 @@ def test_pipeline_matches_single_process_and_plain_decoding(tiny_dir, tmp_path, 
 
 
 @pytest.mark.skipif(not (SHIPPED / "model.safetensors").exists(), reason="shipped model not trained yet")
-@pytest.mark.parametrize("explorers", [2, 3])
-def test_pipeline_on_the_shipped_model(tmp_path, explorers):
+@pytest.mark.parametrize("explorers", [2, 3], ids=["N2", "N3"])
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_pipeline_on_the_shipped_model(tmp_path, explorers, sampling):
     out = tmp_path / "out.json"
     result = _run_pipeline(["--model", str(SHIPPED), "--explorers", str(explorers), "--prompt", "def add(a, b):",
-                            "--max-new-tokens", "16", "--verify", "--json", str(out)])
+                            "--max-new-tokens", "16", "--verify", "--json", str(out), *_sampling_args(sampling)])
     assert result.returncode == 0, result.stderr[-2000:]
     record = json.loads(out.read_text())["prompts"][0]
     model = Qwen3ForCausalLM.from_pretrained(SHIPPED, dtype=torch.float32).eval()
-    ids, stats = DexDecoder(model, DexConfig(explorers=explorers)).generate(_encode(SHIPPED, "def add(a, b):"), 16)
+    decoder = DexDecoder(model, DexConfig(explorers=explorers), sampling)
+    ids, stats = decoder.generate(_encode(SHIPPED, "def add(a, b):"), 16)
     assert record["verified"] is True and record["output_ids"] == ids and record["ticks"] == stats.ticks
 
 
