@@ -16,7 +16,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dex_adapt.decoder import DexConfig, DexDecoder
 from dex_adapt.exploration import ExplorationSet
-from dex_adapt.pipeline import load_stage_model, materialized_parameters, owned_tensor_names
+from dex_adapt.pipeline import load_stage_model, materialized_parameters, owned_tensor_names, partial_load
 from dex_adapt.sampling import SamplingConfig
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "dexcoder-16l"
@@ -193,3 +193,25 @@ def test_stopped_heartbeat_lets_the_process_exit_cleanly():
     result = subprocess.run([sys.executable, "-c", _HEARTBEAT_EXIT], capture_output=True, text=True,
                             timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-1000:]
+
+
+def test_a_sharded_checkpoint_is_read_through_its_index_one_shard_at_a_time(tiny_dir, tmp_path, monkeypatch):
+    full = Qwen3ForCausalLM.from_pretrained(tiny_dir)
+    sharded = tmp_path / "sharded"
+    full.save_pretrained(sharded, max_shard_size="40KB")
+    weight_map = json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(weight_map.values())) > 3
+
+    opened = []
+    real_open = partial_load.safe_open
+    monkeypatch.setattr(partial_load, "safe_open", lambda f, **kw: opened.append(Path(f).name) or real_open(f, **kw))
+    model = load_stage_model(str(sharded), (2, 5), first_stage=False)
+
+    owned = owned_tensor_names(weight_map, (2, 5), first_stage=False) + ["model.embed_tokens.weight"]  # tied head
+    assert sorted(opened) == sorted({weight_map[n] for n in owned})  # never a shard it does not need
+    reference = dict(full.named_parameters(remove_duplicate=False))
+    for name, p in model.named_parameters():
+        if p.device.type != "meta":
+            torch.testing.assert_close(p, reference[name], rtol=0, atol=0)
+    assert materialized_parameters(model) == 3 * sum(p.numel() for p in full.model.layers[0].parameters()) + \
+        full.model.norm.weight.numel() + full.lm_head.weight.numel()
