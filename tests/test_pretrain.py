@@ -72,6 +72,18 @@ def test_resume_continues_exactly(tmp_path, straight):
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
 
 
+
+def test_a_resume_with_another_batch_size_counts_the_tokens_it_saw(tmp_path):
+    assert _run(tmp_path, "--max-steps", "2") == 0  # 2 steps of 4 x 64
+    wider = tmp_path / "wider.yaml"
+    wider.write_text(Path(TINY).read_text().replace("batch_size: 4", "batch_size: 8"))
+    assert pretrain_base.main(["--config", str(wider), "--out-dir", str(tmp_path / "out"),
+                               "--work-dir", str(tmp_path / "work"), "--max-steps", "4"]) == 0
+    with (tmp_path / "work" / "loss.csv").open() as f:
+        assert [int(r["tokens"]) for r in csv.DictReader(f)] == [256, 512, 1024, 1536]
+    summary = json.loads((tmp_path / "out" / "training_summary.json").read_text())
+    assert summary["steps"] == 4 and summary["tokens_seen"] == 1536
+
 def test_config_errors_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("num_layerz: 3\n")

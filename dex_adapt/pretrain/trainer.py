@@ -148,6 +148,8 @@ def train(cfg: PretrainConfig, log=print) -> dict:
         ee_gen.set_state(st["ee_rng"])
         log(f"resumed from {state_path} at step {step}")
     rows = _read_log(work / "loss.csv", step)
+    # Tokens are counted, not derived from the step: a run resumed with another batch_size stays right.
+    tokens_seen = int(rows[-1]["tokens"]) if rows else step * cfg.tokens_per_step
 
     def checkpoint() -> None:
         _save_state(state_path, {
@@ -185,14 +187,15 @@ def train(cfg: PretrainConfig, log=print) -> dict:
         elapsed += now - t_mark
         t_mark = now
         step += 1
+        tokens_seen += cfg.tokens_per_step
         tps = cfg.tokens_per_step / dt
-        rows.append({"step": step, "tokens": step * cfg.tokens_per_step, "loss": f"{final.item():.5f}",
+        rows.append({"step": step, "tokens": tokens_seen, "loss": f"{final.item():.5f}",
                      "lr": f"{lr:.3e}", "tokens_per_s": f"{tps:.1f}"})
         bar.update(1)
         bar.set_postfix(loss=f"{final.item():.3f}", tok_s=f"{tps:.0f}", lr=f"{lr:.1e}")
         if step % cfg.checkpoint_every == 0 or progress(step, elapsed, cfg) >= 1.0:
             checkpoint()
-            log(f"step {step}: loss {final.item():.4f}, {step * cfg.tokens_per_step / train_seconds:.0f} tokens/s "
+            log(f"step {step}: loss {final.item():.4f}, {tokens_seen / train_seconds:.0f} tokens/s "
                 f"(mean), checkpoint -> {state_path}")
     bar.close()
     return export(cfg, model, data, rows, step, train_seconds, log=log)
@@ -212,7 +215,7 @@ def export(cfg: PretrainConfig, model, data: PreparedData, rows: list[dict], ste
     data.tokenizer.save_pretrained(str(out))
     _write_log(out / "loss.csv", rows)
     plot_loss(rows, out / "loss.png", title=f"{out.name}: pretraining loss", heldout=loss)
-    tokens_seen = steps * cfg.tokens_per_step
+    tokens_seen = int(rows[-1]["tokens"]) if rows else steps * cfg.tokens_per_step
     summary = {
         "config": to_dict(cfg),
         "data": data.meta,
