@@ -53,7 +53,7 @@ def random_config(rng: random.Random):
                max_window_layers=rng.randint(0, layers), **common)
 
 
-def random_flags(rng: random.Random, config) -> tuple[list[str], list[list[int]], bool]:
+def random_flags(rng: random.Random, config) -> tuple[list[str], list[list[int]], int, bool]:
     L, vocab, ctx = config.num_hidden_layers, config.vocab_size, config.max_position_embeddings
     if rng.random() < 0.5:
         flags = ["--explorers", str(rng.randint(1, L))]
@@ -64,7 +64,9 @@ def random_flags(rng: random.Random, config) -> tuple[list[str], list[list[int]]
         flags += ["--width", str(rng.randint(1, 6))]
     if rng.random() < 0.4:
         flags.append("--no-decs")
-    flags += ["--policy", rng.choice(["fifo", "confidence"]), "--max-new-tokens", str(rng.randint(1, 40))]
+    policy = rng.choice(["fifo", "confidence"])
+    max_new = rng.randint(1, 40)
+    flags += ["--policy", policy, "--max-new-tokens", str(max_new)]
     if rng.random() < 0.3:
         flags += ["--max-branches", str(rng.randint(1, 10))]
     prompts = [[rng.randrange(vocab) for _ in range(rng.randint(1, min(40, ctx - 1)))]
@@ -78,7 +80,7 @@ def random_flags(rng: random.Random, config) -> tuple[list[str], list[list[int]]
             flags += ["--top-k", str(rng.randint(1, 50))]
         if rng.random() < 0.5:
             flags += ["--top-p", str(round(rng.uniform(0.2, 1.0), 3))]
-    return flags, prompts, greedy
+    return flags, prompts, max_new, greedy
 
 
 @pytest.mark.parametrize("index", range(N_CASES), ids=[f"case{i:02d}" for i in range(N_CASES)])
@@ -90,7 +92,7 @@ def test_cli_output_equals_plain_decoding(index, tmp_path):
     torch.manual_seed(index)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     model.save_pretrained(tmp_path / "model")
-    flags, prompts, greedy = random_flags(rng, config)
+    flags, prompts, max_new, greedy = random_flags(rng, config)
     out = tmp_path / "out.json"
     argv = ["--model", str(tmp_path / "model"), *flags, "--verify", "--json", str(out)]
     stderr = io.StringIO()
@@ -100,7 +102,6 @@ def test_cli_output_equals_plain_decoding(index, tmp_path):
     records = json.loads(out.read_text())["prompts"]
     assert len(records) == len(prompts) and all(r["verified"] is True for r in records)
     if greedy:
-        max_new = int(flags[flags.index("--max-new-tokens") + 1])
         eos = config.eos_token_id
         eos_ids = set() if eos is None else set(eos if isinstance(eos, list) else [eos])
         for prompt, record in zip(prompts, records):

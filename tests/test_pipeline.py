@@ -195,7 +195,7 @@ def test_stopped_heartbeat_lets_the_process_exit_cleanly():
     assert result.returncode == 0, result.stderr[-1000:]
 
 
-def test_a_sharded_checkpoint_is_read_through_its_index_one_shard_at_a_time(tiny_dir, tmp_path, monkeypatch):
+def test_a_sharded_checkpoint_is_read_through_its_index_opening_only_owned_shards(tiny_dir, tmp_path, monkeypatch):
     full = Qwen3ForCausalLM.from_pretrained(tiny_dir)
     sharded = tmp_path / "sharded"
     full.save_pretrained(sharded, max_shard_size="40KB")
