@@ -21,6 +21,7 @@ from dex_adapt.pretrain.config import ConfigError, PretrainConfig, config_from_d
 from dex_adapt.pretrain.corpus import is_test_path, split_stdlib  # noqa: E402
 from dex_adapt.pretrain.data import batch_for_step  # noqa: E402
 from dex_adapt.pretrain.model import build_model, early_exit_loss, layer_drop_probs  # noqa: E402
+from dex_adapt.pretrain.model_card import render_card  # noqa: E402
 from dex_adapt.pretrain.trainer import lr_at  # noqa: E402
 
 TINY = str(ROOT / "configs" / "pretrain" / "tiny-test.yaml")
@@ -83,6 +84,10 @@ def test_a_resume_with_another_batch_size_counts_the_tokens_it_saw(tmp_path):
         assert [int(r["tokens"]) for r in csv.DictReader(f)] == [256, 512, 1024, 1536]
     summary = json.loads((tmp_path / "out" / "training_summary.json").read_text())
     assert summary["steps"] == 4 and summary["tokens_seen"] == 1536
+    assert eval_base.main(["--model-dir", str(tmp_path / "out"), "--card-only"]) == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "resumed with other batch sizes: steps 1-2 at batch 4, steps 3-4 at batch 8" in card
+    assert "**1,536 tokens seen**" in card
 
 def test_config_errors_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
@@ -163,4 +168,12 @@ def test_eval_base_writes_table_json_and_card(straight):
         assert len(rates) == 2 and rates[-1] == 1.0
     card = (out / "README.md").read_text()
     assert "| layer d |" in card and "train/eval_base.py --model-dir" in card and "sha256" in card
+    for c in ev["completions"]:  # an empty body is named as such, not passed off as parsing code
+        head = next(line for line in card.splitlines() if line.startswith(f"**{c['task_id']}** (parses:"))
+        assert ("no body" in head) == (not c["completion"].strip()), head
+    summary = json.loads((out / "training_summary.json").read_text())
+    ev["completions"] = [{"task_id": "a", "prompt": 'def f():\n    """doc"""\n', "completion": "\n", "parses": True},
+                         {"task_id": "b", "prompt": "def g():", "completion": "\n    return 1\n", "parses": True}]
+    both = render_card("x", summary, ev, None, {})
+    assert "**a** (parses: True; no body" in both and "**b** (parses: True)\n" in both
     assert eval_base.main(["--model-dir", str(out / "missing")]) == 2

@@ -6,17 +6,38 @@ by `train/eval_base.py`), so every number in the card is traceable to a file and
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
-__all__ = ["render_card", "write_card", "eval_command"]
+__all__ = ["render_card", "write_card", "eval_command", "batch_schedule"]
 
 
 def _fmt_int(n) -> str:
     return f"{int(n):,}"
 
 
-def render_card(name: str, summary: dict, ev: dict | None, table: str | None, commands: dict) -> str:
+def batch_schedule(rows: list[dict], context_length: int) -> list[tuple[int, int, int]]:
+    """`(first_step, last_step, batch_size)` spans of a `loss.csv`, read from its token counts.
+
+    A run resumed with another `batch_size` changes the tokens per step; the config only holds the
+    last one, so the card states the schedule the run really had.
+    """
+    spans: list[tuple[int, int, int]] = []
+    prev_tokens = 0
+    for r in rows:
+        step, tokens = int(r["step"]), int(r["tokens"])
+        batch = (tokens - prev_tokens) // context_length
+        prev_tokens = tokens
+        if spans and spans[-1][2] == batch:
+            spans[-1] = (spans[-1][0], step, batch)
+        else:
+            spans.append((step, step, batch))
+    return spans
+
+
+def render_card(name: str, summary: dict, ev: dict | None, table: str | None, commands: dict,
+                schedule: list[tuple[int, int, int]] | None = None) -> str:
     cfg, data = summary["config"], summary["data"]
     ee = cfg.get("early_exit", False)
     lines = [
@@ -65,6 +86,11 @@ def render_card(name: str, summary: dict, ev: dict | None, table: str | None, co
         f"tokens/step; " + (f"run bounded by {cfg['max_steps']} steps or a {cfg['time_budget_s']:g} s "
                             "wall-clock budget, whichever ends first (the cosine follows the one further along)"
                             if cfg.get("time_budget_s") else f"{cfg['max_steps']} steps planned"),
+    ]
+    if schedule and len(schedule) > 1:
+        lines.append("- resumed with other batch sizes: " + ", ".join(
+            f"steps {a}-{b} at batch {bs}" for a, b, bs in schedule))
+    lines += [
         f"- {summary['steps']} steps, **{_fmt_int(summary['tokens_seen'])} tokens seen** "
         f"({summary['epochs']:.2f} epochs) in {summary['train_seconds']:g} s of compute",
         f"- **training throughput {summary['train_tokens_per_s']:g} tokens/s** (fp32, {cfg['threads']} torch "
@@ -101,7 +127,9 @@ def render_card(name: str, summary: dict, ev: dict | None, table: str | None, co
             "",
         ]
         for c in ev["completions"]:
-            lines += [f"**{c['task_id']}** (parses: {c['parses']})", "", "```python",
+            # An empty body parses whenever the prompt does: say so rather than count it as code.
+            empty = "; no body: the model's next line is back at column 0" if not c["completion"].strip() else ""
+            lines += [f"**{c['task_id']}** (parses: {c['parses']}{empty})", "", "```python",
                       (c["prompt"] + c["completion"]).rstrip(), "```", ""]
         fib = next((c for c in ev["completions"] if c["task_id"] == "fibonacci"), None)
         if fib is not None and not fib["parses"]:
@@ -139,6 +167,11 @@ def write_card(model_dir: str | Path, train_config: str | None = None) -> Path:
         commands["held-out perplexity, agreement table, completions, this card"] = eval_command(
             model_dir, ev["settings"])
     table = (model_dir / "depth_agreement.md").read_text() if (model_dir / "depth_agreement.md").is_file() else None
+    log_path = model_dir / "loss.csv"
+    schedule = None
+    if log_path.is_file():
+        with open(log_path, newline="") as f:
+            schedule = batch_schedule(list(csv.DictReader(f)), summary["config"]["context_length"])
     path = model_dir / "README.md"
-    path.write_text(render_card(model_dir.name, summary, ev, table, commands))
+    path.write_text(render_card(model_dir.name, summary, ev, table, commands, schedule))
     return path
