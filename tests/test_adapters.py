@@ -61,6 +61,7 @@ def test_peft_round_trip_identical_exit_logits(tmp_path):
     assert raw["peft_type"] == "DEX_INDUCING" and raw["exit_depths"] == [1, 2, 3]
     assert raw["base_fingerprint"].startswith("sha256:") and raw["base_model_name_or_path"] == "../base0"
     assert base_model_path(str(ckpt)) == base
+    assert (ckpt / "adapter_model.safetensors").stat().st_mode == (ckpt / "adapter_config.json").stat().st_mode
 
     config = PeftConfig.from_pretrained(str(ckpt))
     assert type(config) is InducingConfig and config.bottleneck_size == 8

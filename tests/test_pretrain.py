@@ -54,6 +54,8 @@ def test_end_to_end_output_loads_offline(straight):
     assert tok.decode(tok(text)["input_ids"]) == text  # byte-level BPE round-trips exactly
     for name in ("loss.csv", "loss.png", "training_summary.json"):
         assert (out / name).is_file()
+    # the weights are as readable as the config next to them (safetensors alone would make them 0600)
+    assert (out / "model.safetensors").stat().st_mode == (out / "config.json").stat().st_mode
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["steps"] == 4 and summary["tokens_seen"] == 4 * 4 * 64
     assert len(summary["data"]["train_fingerprint_sha256"]) == 64

@@ -13,6 +13,7 @@ import os
 import torch
 from torch import nn
 
+from ..files import restore_ordinary_modes
 from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, base_model_path, read_adapter_config
 from .config import InducingConfig
 from .layer import InducingAdapter
@@ -61,6 +62,7 @@ def save_exit_adapters(peft_model: nn.Module, out_dir: str, state_dict: dict | N
     the adapter weights it gathered; only adapter weights are ever written.
     """
     peft_model.save_pretrained(out_dir, state_dict=state_dict)
+    restore_ordinary_modes(out_dir)
     if base is None:
         return
     path = os.path.join(out_dir, CONFIG_NAME)

@@ -9,6 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..files import ordinary_mode
+
 __all__ = ["CliError", "OneLineParser", "positive_int", "default_model_path", "write_json_atomic",
            "run_with_clean_errors"]
 
@@ -55,9 +57,7 @@ def write_json_atomic(path: str, obj) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; the result should be an ordinary file
+        os.fchmod(fd, ordinary_mode())  # mkstemp makes 0600; the result should be an ordinary file
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=2)
             f.write("\n")

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..files import restore_ordinary_modes
 from .config import PretrainConfig, to_dict
 from .data import PreparedData, batch_for_step, prepare_data
 from .model import build_model, early_exit_loss, generation_config, lm_loss
@@ -212,6 +213,7 @@ def export(cfg: PretrainConfig, model, data: PreparedData, rows: list[dict], ste
     shipped = copy.deepcopy(model).to(torch.bfloat16)
     shipped.generation_config = generation_config(eos)
     shipped.save_pretrained(str(out))
+    restore_ordinary_modes(out)
     data.tokenizer.save_pretrained(str(out))
     _write_log(out / "loss.csv", rows)
     plot_loss(rows, out / "loss.png", title=f"{out.name}: pretraining loss", heldout=loss)
