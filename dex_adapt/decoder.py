@@ -47,8 +47,9 @@ class DexConfig:
     decs: bool = True
     """Depth-coupled sampling of exit candidates."""
     policy: str = "fifo"
-    """Admission order after the anchor when more than ``width`` wait: fifo | confidence (fifo won
-    14 of 16 narrow-width settings on the shipped models, see results/README.md)."""
+    """Admission order after the anchor when more than ``width`` wait: fifo | confidence. Neither
+    wins everywhere (results/README.md): confidence on the 2-epoch standard base, fifo on the
+    barely trained early-exit one; fifo stays the default until a model closer to a real LLM decides."""
     max_branches: int = 256
     """Expansion budget: live branches at once."""
 

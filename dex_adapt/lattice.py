@@ -98,8 +98,8 @@ class Lattice:
         num_stages: N, the number of explorers; exit ``N-1`` is the reference.
         width: at most this many branches per stage per tick (None: unbounded).
         decs: depth-coupled sampling; when off, duplicates are still never spawned.
-        policy: admission order after the anchor: ``"fifo"`` (spawn order, the default: it won
-            14 of 16 narrow-width settings on the shipped models) or ``"confidence"`` (path score).
+        policy: admission order after the anchor: ``"fifo"`` (spawn order, the default) or
+            ``"confidence"`` (path score); which is better depends on the model (results/README.md).
         max_branches: expansion budget, live branches including the anchor. When full, a new
             child replaces the lowest-scoring leaf that has not run yet if it scores higher,
             otherwise it is not spawned (and DECS does not mask it: a deeper exit may propose it
