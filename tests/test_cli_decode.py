@@ -113,6 +113,11 @@ def test_issue_command_writes_the_schema(dirs, tmp_path, capsys):
     assert (c["max_new_tokens"], c["dtype"], c["device"]) == (12, "float32", "cpu")
     assert doc["summary"]["verified"] is True
     assert not [f for f in os.listdir(tmp_path) if f != "out.json"]  # no temporary files left
+    s = doc["summary"]
+    assert err.strip().splitlines()[-1] == (
+        f"dex-decode: 1 prompt, 12 tokens in {s['ticks']} ticks ({s['ticks_per_token']:.2f} ticks/token; pipelined "
+        f"AR needs 4: tick-model speedup {s['speedup_vs_ar']:.2f}x), kept children by exit {s['accepted_by_exit']}, "
+        f"{s['fallbacks']} fallbacks; verified: identical to plain AR decoding")
 
 
 def test_repeated_prompt_ids_and_options(dirs, tmp_path, capsys):
@@ -131,6 +136,8 @@ def test_repeated_prompt_ids_and_options(dirs, tmp_path, capsys):
     assert all(r["verified"] is None for r in doc["prompts"]) and doc["summary"]["verified"] is None
     assert out.splitlines() == [",".join(map(str, r["output_ids"])) for r in doc["prompts"]]
     assert "prompts" in err  # progress bar on stderr for a multi-prompt run
+    assert err.strip().splitlines()[-1].startswith("dex-decode: 3 prompts, 24 tokens in ")
+    assert err.strip().endswith("; not verified (add --verify to compare with plain AR decoding)")
     c = doc["config"]
     assert (c["exits"], c["width"], c["decs"], c["policy"], c["max_branches"]) == ([1, 3, 4], 2, False, "confidence", 5)
 
@@ -288,6 +295,7 @@ def test_verification_failure_exits_1_naming_position_and_margin(dirs, tmp_path,
     assert margin > 0  # the plain token is the argmax: a positive margin over the wrong one
     doc = json.loads(out_json.read_text())
     assert doc["prompts"][0]["verified"] is False and doc["summary"]["verified"] is False
+    assert "; NOT identical to plain AR decoding" in err
 
 
 def test_console_script_in_a_subprocess(dirs, tmp_path):

@@ -276,9 +276,11 @@ def decode_prompts(args, job: Job, decoder, full_model, make_executor, report: b
                         **_stat_fields(stats), "verified": verified})
     if not report:
         return 0
+    summary = summarise(records, decoder)
     if args.json:
         write_json_atomic(args.json, {"config": _config_record(args, job.model_path, decoder),
-                                      "prompts": records, "summary": summarise(records, decoder)})
+                                      "prompts": records, "summary": summary})
+    print(f"dex-decode: {summary_line(summary, len(records), decoder.exploration.num_stages)}", file=sys.stderr)
     for line in failures:
         print(f"dex-decode: verify failed: {line}", file=sys.stderr)
     return 1 if failures else 0
@@ -311,6 +313,17 @@ def summarise(records: list[dict], decoder) -> dict:
         "wall_s": sum(r["wall_s"] for r in records),
         "verified": None if None in verified else all(verified),
     }
+
+
+def summary_line(summary: dict, n_prompts: int, explorers: int) -> str:
+    """One line for stderr after a decode: what the tick model counted and what --verify found."""
+    verified = {None: "not verified (add --verify to compare with plain AR decoding)",
+                True: "verified: identical to plain AR decoding",
+                False: "NOT identical to plain AR decoding"}[summary["verified"]]
+    return (f"{n_prompts} prompt{'s' if n_prompts != 1 else ''}, {summary['committed']} tokens in "
+            f"{summary['ticks']} ticks ({summary['ticks_per_token']:.2f} ticks/token; pipelined AR needs "
+            f"{explorers}: tick-model speedup {summary['speedup_vs_ar']:.2f}x), kept children by exit "
+            f"{summary['accepted_by_exit']}, {summary['fallbacks']} fallbacks; {verified}")
 
 
 def _config_record(args, model_path: str, decoder) -> dict:
