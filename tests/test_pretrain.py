@@ -179,3 +179,27 @@ def test_eval_base_writes_table_json_and_card(straight):
     both = render_card("x", summary, ev, None, {})
     assert "**a** (parses: True; no body" in both and "**b** (parses: True)\n" in both
     assert eval_base.main(["--model-dir", str(out / "missing")]) == 2
+
+
+def test_export_replaces_the_output_directory_whole(tmp_path, straight, monkeypatch):
+    import shutil
+
+    from dex_adapt.pretrain import trainer
+
+    shutil.copytree(straight / "work", tmp_path / "work")  # finished run: rerunning only re-exports
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "depth_agreement.json").write_text("{}")  # an evaluation of older weights
+    assert _run(tmp_path, "--max-steps", "4") == 0
+    assert not (out / "depth_agreement.json").exists() and (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "work"]  # no staging left behind
+
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "plot_loss", killed)
+    assert _run(tmp_path, "--max-steps", "4") == 130  # Ctrl-C during the export
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the last export, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "work"]

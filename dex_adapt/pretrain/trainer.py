@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -204,11 +205,40 @@ def train(cfg: PretrainConfig, log=print) -> dict:
 
 def export(cfg: PretrainConfig, model, data: PreparedData, rows: list[dict], steps: int,
            train_seconds: float, log=print) -> dict:
-    """Score held-out loss, then write the shipped bf16 checkpoint + tokenizer + curve + summary."""
+    """Score held-out loss, then write the shipped bf16 checkpoint + tokenizer + curve + summary.
+
+    Everything is written to a sibling temporary directory that then replaces `out_dir` whole: a
+    kill mid-export never leaves a mixed directory, and an evaluation card of older weights
+    (`train/eval_base.py --write-card`) does not survive next to new ones.
+    """
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     loss, n_scored = heldout_loss(model, data.heldout, context_length=cfg.context_length,
                                   max_tokens=cfg.eval_tokens)
+    staging = out.resolve().with_name(f".{out.resolve().name}.exporting")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        summary = _write_export(cfg, model, data, rows, steps, train_seconds, loss, n_scored, staging,
+                                out.resolve().name)
+        _replace_dir(staging, out.resolve())
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log(f"exported {out}: held-out loss {loss:.4f} (ppl {math.exp(loss):.2f}) on {n_scored} tokens")
+    return summary
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Put directory `new` at `target`, moving any old `target` out of the way first."""
+    old = target.with_name(f".{target.name}.replaced")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        target.rename(old)
+    new.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_export(cfg: PretrainConfig, model, data: PreparedData, rows: list[dict], steps: int,
+                  train_seconds: float, loss: float, n_scored: int, out: Path, name: str) -> dict:
     eos = data.tokenizer.eos_token_id
     shipped = copy.deepcopy(model).to(torch.bfloat16)
     shipped.generation_config = generation_config(eos)
@@ -216,7 +246,7 @@ def export(cfg: PretrainConfig, model, data: PreparedData, rows: list[dict], ste
     restore_ordinary_modes(out)
     data.tokenizer.save_pretrained(str(out))
     _write_log(out / "loss.csv", rows)
-    plot_loss(rows, out / "loss.png", title=f"{out.name}: pretraining loss", heldout=loss)
+    plot_loss(rows, out / "loss.png", title=f"{name}: pretraining loss", heldout=loss)
     tokens_seen = int(rows[-1]["tokens"]) if rows else steps * cfg.tokens_per_step
     summary = {
         "config": to_dict(cfg),
@@ -234,5 +264,4 @@ def export(cfg: PretrainConfig, model, data: PreparedData, rows: list[dict], ste
         "torch": torch.__version__,
     }
     (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
-    log(f"exported {out}: held-out loss {loss:.4f} (ppl {math.exp(loss):.2f}) on {n_scored} tokens")
     return summary
