@@ -6,7 +6,7 @@ same command after a kill resumes from the last checkpoint in the config's `work
     # tiny CPU variant (a few steps, tiny model, < 1 min)
     python train/pretrain_base.py --config configs/pretrain/tiny-test.yaml
 
-    # the shipped model (checkpoints/dexcoder-16l), in the background (1 torch thread, see the config)
+    # the shipped model (checkpoints/dexcoder-16l), in the background (torch threads: see the config)
     nohup python train/pretrain_base.py --config configs/pretrain/dexcoder-16l.yaml \
         > runs/pretrain/dexcoder-16l.log 2>&1 &
 
