@@ -1,14 +1,16 @@
-"""The README.md model card of a shipped base model, rendered from its JSON records.
+"""The README.md model card of a shipped base model, rendered from its records.
 
-Inputs are `training_summary.json` (written by the trainer) and `depth_agreement.json` (written
-by `train/eval_base.py`), so every number in the card is traceable to a file and a command.
+Inputs are `training_summary.json` and `loss.csv` (written by the trainer) and
+`depth_agreement.json` (written by `train/eval_base.py`), so every number in the card is
+traceable to a file and a command.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
+
+from .trainer import read_loss_log
 
 __all__ = ["render_card", "write_card", "eval_command", "batch_schedule"]
 
@@ -167,11 +169,7 @@ def write_card(model_dir: str | Path, train_config: str | None = None) -> Path:
         commands["held-out perplexity, agreement table, completions, this card"] = eval_command(
             model_dir, ev["settings"])
     table = (model_dir / "depth_agreement.md").read_text() if (model_dir / "depth_agreement.md").is_file() else None
-    log_path = model_dir / "loss.csv"
-    schedule = None
-    if log_path.is_file():
-        with open(log_path, newline="") as f:
-            schedule = batch_schedule(list(csv.DictReader(f)), summary["config"]["context_length"])
+    schedule = batch_schedule(read_loss_log(model_dir / "loss.csv"), summary["config"]["context_length"])
     path = model_dir / "README.md"
     path.write_text(render_card(model_dir.name, summary, ev, table, commands, schedule))
     return path

@@ -83,11 +83,12 @@ def _save_state(path: Path, state: dict) -> None:
     os.replace(tmp, path)  # atomic: a kill mid-write never leaves a half checkpoint
 
 
-def _read_log(path: Path, upto_step: int) -> list[dict]:
+def read_loss_log(path: Path, upto_step: int | None = None) -> list[dict]:
+    """Rows of a `loss.csv` (all, or up to `upto_step`); none when there is no file."""
     if not path.is_file():
         return []
-    with path.open() as f:
-        return [r for r in csv.DictReader(f) if int(r["step"]) <= upto_step]
+    with path.open(newline="") as f:
+        return [r for r in csv.DictReader(f) if upto_step is None or int(r["step"]) <= upto_step]
 
 
 def _write_log(path: Path, rows: list[dict]) -> None:
@@ -149,7 +150,7 @@ def train(cfg: PretrainConfig, log=print) -> dict:
         random.setstate(st["python_rng"])
         ee_gen.set_state(st["ee_rng"])
         log(f"resumed from {state_path} at step {step}")
-    rows = _read_log(work / "loss.csv", step)
+    rows = read_loss_log(work / "loss.csv", step)
     # Tokens are counted, not derived from the step: a run resumed with another batch_size stays right.
     tokens_seen = int(rows[-1]["tokens"]) if rows else step * cfg.tokens_per_step
 
@@ -212,15 +213,15 @@ def export(cfg: PretrainConfig, model, data: PreparedData, rows: list[dict], ste
     (`train/eval_base.py --write-card`) does not survive next to new ones.
     """
     out = Path(cfg.out_dir)
+    target = out.resolve()
     loss, n_scored = heldout_loss(model, data.heldout, context_length=cfg.context_length,
                                   max_tokens=cfg.eval_tokens)
-    staging = out.resolve().with_name(f".{out.resolve().name}.exporting")
+    staging = target.with_name(f".{target.name}.exporting")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        summary = _write_export(cfg, model, data, rows, steps, train_seconds, loss, n_scored, staging,
-                                out.resolve().name)
-        _replace_dir(staging, out.resolve())
+        summary = _write_export(cfg, model, data, rows, steps, train_seconds, loss, n_scored, staging, target.name)
+        _replace_dir(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log(f"exported {out}: held-out loss {loss:.4f} (ppl {math.exp(loss):.2f}) on {n_scored} tokens")
